@@ -1,0 +1,156 @@
+"""Work items: the one description of "which LoRA math to do on which tokens".
+
+A work item says: take the token rows ``[seg_start, seg_start + seg_len)`` of the
+(optionally permuted) input, run them through the adapter in memory-pool slot
+``slot``, multiply by ``scale`` and add the result to the output rows of the same
+tokens. Every inference mode is a set of items over one batch:
+
+* unmerge: one item per adapter segment, ``scale = +scaling``;
+* merge: no item for the merged adapter's tokens;
+* mixture (deLoRA): for a token of adapter ``x`` while ``k`` is merged, two items
+  ``(x, +s_x)`` and ``(k, -s_k)``; base-only tokens get ``(k, -s_k)``;
+* composition: several items over the same tokens with user weights.
+
+Items may overlap in tokens, so the shrink output has one row per (item, token):
+``row_start[i]`` is the first such row of item ``i`` (the running sum of
+``seg_len``). Overlapping items are put in different *layers* (``layers[i]``, a
+greedy interval colouring of the segments): items of one layer touch disjoint
+output rows, so a kernel may update the output of one layer without atomics and
+run the layers one after another. Overlap is judged on segment positions, which is
+exact when ``permutation`` is a bijection (as it must be).
+
+The memory-pool layout is SGLang's: ``A[slot, S * max_rank, d_in]`` with the rows of
+slice ``s`` at ``[s * r, (s + 1) * r)`` for the slot's rank ``r``, and
+``B[slot, d_out_total, max_rank]`` with slice ``s`` at output rows
+``[slice_offsets[s], slice_offsets[s + 1])`` and columns ``[:r]``. A slot of rank 0
+is the no-adapter slot and contributes nothing.
+
+This module imports only torch so that kernels, benchmarks and the trainer can use
+it without SGLang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class WorkItems:
+    """Device tensors plus host copies of one batch's work items.
+
+    The host copies (``*_host`` lists and the integer totals) let the pure-torch
+    path and grid sizing run without reading device memory (no GPU sync).
+    """
+
+    seg_starts: torch.Tensor  # int32 [n_items]
+    seg_lens: torch.Tensor  # int32 [n_items]
+    slots: torch.Tensor  # int32 [n_items]
+    scales: torch.Tensor  # float32 [n_items]
+    row_starts: torch.Tensor  # int32 [n_items]
+    ranks: torch.Tensor  # int32 [n_slots]
+    permutation: torch.Tensor | None  # int64 [n_tokens] or None
+    seg_starts_host: list[int]
+    seg_lens_host: list[int]
+    slots_host: list[int]
+    scales_host: list[float]
+    ranks_host: list[int]
+    total_rows: int
+    max_seg_len: int
+    layers: torch.Tensor | None = None  # int32 [n_items]; None means one layer
+    layers_host: list[int] | None = None
+    num_layers: int = 1
+
+    @property
+    def num_items(self) -> int:
+        return len(self.slots_host)
+
+
+def build_work_items(
+    seg_starts: Sequence[int],
+    seg_lens: Sequence[int],
+    slots: Sequence[int],
+    scales: Sequence[float],
+    ranks: Sequence[int],
+    device: torch.device | str = "cpu",
+    permutation: torch.Tensor | None = None,
+) -> WorkItems:
+    """Validate host lists and build :class:`WorkItems` on ``device``.
+
+    Items whose slot has rank 0 or whose segment is empty are dropped here, so
+    kernels never see them.
+    """
+    n = len(slots)
+    if not (len(seg_starts) == len(seg_lens) == len(scales) == n):
+        raise ValueError(
+            "seg_starts, seg_lens, slots and scales must have one entry per item"
+        )
+    keep = []
+    for i in range(n):
+        if seg_lens[i] < 0 or seg_starts[i] < 0:
+            raise ValueError(
+                f"work item {i}: negative segment ({seg_starts[i]}, {seg_lens[i]})"
+            )
+        if not 0 <= slots[i] < len(ranks):
+            raise ValueError(
+                f"work item {i}: slot {slots[i]} outside 0..{len(ranks) - 1}"
+            )
+        if seg_lens[i] > 0 and ranks[slots[i]] > 0 and scales[i] != 0.0:
+            keep.append(i)
+    starts = [int(seg_starts[i]) for i in keep]
+    lens = [int(seg_lens[i]) for i in keep]
+    item_slots = [int(slots[i]) for i in keep]
+    item_scales = [float(scales[i]) for i in keep]
+    row_starts, total = [], 0
+    for seg_len in lens:
+        row_starts.append(total)
+        total += seg_len
+    layers = assign_layers(starts, lens)
+
+    def int_tensor(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int32).to(
+            device, non_blocking=True
+        )
+
+    return WorkItems(
+        seg_starts=int_tensor(starts),
+        seg_lens=int_tensor(lens),
+        slots=int_tensor(item_slots),
+        scales=torch.tensor(item_scales, dtype=torch.float32).to(
+            device, non_blocking=True
+        ),
+        row_starts=int_tensor(row_starts),
+        ranks=int_tensor([int(r) for r in ranks]),
+        permutation=permutation,
+        seg_starts_host=starts,
+        seg_lens_host=lens,
+        slots_host=item_slots,
+        scales_host=item_scales,
+        ranks_host=[int(r) for r in ranks],
+        total_rows=total,
+        max_seg_len=max(lens, default=0),
+        layers=int_tensor(layers),
+        layers_host=layers,
+        num_layers=max(layers, default=0) + 1,
+    )
+
+
+def assign_layers(seg_starts: Sequence[int], seg_lens: Sequence[int]) -> list[int]:
+    """Greedy interval colouring: the lowest layer whose segments all end before
+    this one starts. Non-overlapping items (plain unmerge) all get layer 0."""
+    order = sorted(range(len(seg_starts)), key=lambda i: (seg_starts[i], seg_lens[i]))
+    layer_ends: list[int] = []
+    layers = [0] * len(seg_starts)
+    for i in order:
+        start, end = seg_starts[i], seg_starts[i] + seg_lens[i]
+        for layer, layer_end in enumerate(layer_ends):
+            if layer_end <= start:
+                layers[i] = layer
+                layer_ends[layer] = end
+                break
+        else:
+            layers[i] = len(layer_ends)
+            layer_ends.append(end)
+    return layers
