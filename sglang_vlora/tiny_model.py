@@ -266,7 +266,7 @@ def build_tiny_adapters(model_dir: Path | str, out: Path | str, seed: int = 0) -
         with torch.no_grad():
             for pname, param in sorted(model.named_parameters()):
                 if "lora_A" in pname or "lora_B" in pname:
-                    param.copy_(0.3 * torch.randn(param.shape, generator=generator) / param.shape[-1] ** 0.5)
+                    param.copy_(torch.randn(param.shape, generator=generator) / param.shape[-1] ** 0.5)
         model.save_pretrained(path)
     return paths
 

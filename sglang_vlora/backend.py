@@ -1,0 +1,300 @@
+"""The ``atmm`` SGLang LoRA backend: batch info -> work items -> ATMM.
+
+SGLang's LoRA manager hands the backend, before each forward, the memory-pool slot
+of every request and the rank and scaling of every slot. This backend turns that
+into :class:`~sglang_vlora.atmm.work_items.WorkItems` (one item per run of
+consecutive requests on the same adapter, ``scale = +scaling``; the no-adapter slot
+has rank 0 and produces no item) and runs every LoRA-wrapped layer through
+:mod:`sglang_vlora.atmm.ops`.
+
+Two batch layouts:
+
+* eager (prefill, decode without graphs): per-segment items with host copies; the
+  pure-torch path loops over items.
+* decode CUDA graph: static per-token device tensors (slot, scale) updated in place
+  before each replay; the graph-safe torch path gathers per token and masks by rank,
+  so it reads no host state and is correct for any adapter mix at replay.
+
+SGLang only calls this module; it imports SGLang because it subclasses
+``BaseLoRABackend`` (registered by :mod:`sglang_vlora.plugin`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.lora.backend.base_backend import BaseLoRABackend
+from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
+
+from sglang_vlora.atmm import ops
+from sglang_vlora.atmm.work_items import WorkItems, build_work_items
+
+logger = logging.getLogger(__name__)
+
+# Modules whose LoRA runs through SGLang's embedding / lm_head paths, which this
+# backend does not implement.
+UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
+
+
+@dataclass
+class GraphTokenInfo:
+    """Static per-token metadata read by the graph-safe path (decode CUDA graphs)."""
+
+    token_slots: torch.Tensor  # int64 [max_tokens]
+    token_scales: torch.Tensor  # float32 [max_tokens], 0 for padding / no adapter
+    ranks: torch.Tensor  # int64 [n_slots]
+    num_tokens: int = 0
+
+
+def segments_from_requests(
+    seq_lens: list[int], weight_indices: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Group consecutive requests on the same slot: (starts, lengths, slots)."""
+    starts: list[int] = []
+    lengths: list[int] = []
+    slots: list[int] = []
+    offset = 0
+    for seq_len, slot in zip(seq_lens, weight_indices):
+        if slots and slots[-1] == slot:
+            lengths[-1] += seq_len
+        else:
+            starts.append(offset)
+            lengths.append(seq_len)
+            slots.append(slot)
+        offset += seq_len
+    return starts, lengths, slots
+
+
+class ATMMLoRABackend(BaseLoRABackend):
+    """LoRA over work items; kernels chosen by :mod:`sglang_vlora.atmm.ops`."""
+
+    name = "atmm"
+
+    def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
+        super().__init__(max_loras_per_batch, device)
+        self.work_items: WorkItems | None = None
+        self.graph_info: GraphTokenInfo | None = None
+        self.use_graph_path = False
+
+    # ------------------------------------------------------------------ set-up
+    def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
+        bad = sorted(set(target_modules) & UNSUPPORTED_TARGETS)
+        if bad:
+            raise ValueError(
+                f"LoRA backend 'atmm' does not support LoRA on {bad}; "
+                "use --lora-backend triton for adapters that train embeddings or lm_head."
+            )
+
+    def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
+        max_tokens = max_bs_in_cuda_graph * num_tokens_per_req
+        self.graph_info = GraphTokenInfo(
+            token_slots=torch.zeros(max_tokens, dtype=torch.int64, device=self.device),
+            token_scales=torch.zeros(max_tokens, dtype=torch.float32, device=self.device),
+            ranks=torch.zeros(self.max_loras_per_batch, dtype=torch.int64, device=self.device),
+        )
+        with torch.device(self.device):
+            self.cuda_graph_batch_info = LoRABatchInfo(
+                use_cuda_graph=True,
+                bs=max_bs_in_cuda_graph,
+                num_segments=max_bs_in_cuda_graph,
+                seg_indptr=torch.zeros(max_bs_in_cuda_graph + 1, dtype=torch.int32),
+                weight_indices=torch.zeros(max_bs_in_cuda_graph, dtype=torch.int32),
+                lora_ranks=torch.zeros(self.max_loras_per_batch, dtype=torch.int32),
+                scalings=torch.zeros(self.max_loras_per_batch, dtype=torch.float),
+                max_len=num_tokens_per_req,
+                seg_lens=torch.full((max_bs_in_cuda_graph,), num_tokens_per_req, dtype=torch.int32),
+            )
+
+    # ---------------------------------------------------------------- per batch
+    def prepare_lora_batch(
+        self,
+        forward_batch,
+        weight_indices: list[int],
+        lora_ranks: list[int],
+        scalings: list[float],
+        use_cuda_graph: bool,
+        use_prefill_cuda_graph: bool = False,
+    ):
+        if use_prefill_cuda_graph:
+            raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
+        seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
+        scale_of_slot = [
+            float(scalings[slot]) if lora_ranks[slot] > 0 else 0.0
+            for slot in range(len(lora_ranks))
+        ]
+        if use_cuda_graph:
+            self._prepare_graph_batch(forward_batch, weight_indices, seq_lens, lora_ranks, scale_of_slot)
+            return
+        self.use_graph_path = False
+        starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
+        self.work_items = build_work_items(
+            seg_starts=starts,
+            seg_lens=lengths,
+            slots=slots,
+            scales=[scale_of_slot[s] for s in slots],
+            ranks=lora_ranks,
+            device=self.device,
+        )
+        self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    def _eager_batch_info(self, forward_batch, seq_lens, weight_indices, lora_ranks, scalings) -> LoRABatchInfo:
+        """SGLang-side view of the batch (read by its layers and MoE/lm_head helpers)."""
+        indptr = [0]
+        for seq_len in seq_lens:
+            indptr.append(indptr[-1] + seq_len)
+
+        def on_device(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        return LoRABatchInfo(
+            use_cuda_graph=False,
+            bs=forward_batch.batch_size,
+            num_segments=len(seq_lens),
+            seg_indptr=on_device(indptr, torch.int32),
+            weight_indices=on_device(weight_indices, torch.int32),
+            lora_ranks=on_device(lora_ranks, torch.int32),
+            scalings=on_device([float(s) for s in scalings], torch.float),
+            max_len=max(seq_lens, default=0),
+            seg_lens=on_device(seq_lens, torch.int32),
+            expected_tokens=indptr[-1],
+        )
+
+    def _prepare_graph_batch(self, forward_batch, weight_indices, seq_lens, lora_ranks, scale_of_slot):
+        if self.graph_info is None:
+            raise RuntimeError("init_decode_cuda_graph_batch_info must run before a graph batch")
+        info = self.graph_info
+        token_slots: list[int] = []
+        token_scales: list[float] = []
+        for seq_len, slot in zip(seq_lens, weight_indices):
+            token_slots += [slot] * seq_len
+            token_scales += [scale_of_slot[slot]] * seq_len
+        n = len(token_slots)
+        if n > info.token_slots.shape[0]:
+            raise RuntimeError(f"graph batch of {n} tokens exceeds the captured {info.token_slots.shape[0]}")
+        # In-place updates: the captured graph reads these same tensors at replay.
+        info.token_slots.zero_()
+        info.token_scales.zero_()
+        info.token_slots[:n].copy_(torch.tensor(token_slots, dtype=torch.int64), non_blocking=True)
+        info.token_scales[:n].copy_(torch.tensor(token_scales, dtype=torch.float32), non_blocking=True)
+        info.ranks.copy_(torch.tensor(lora_ranks, dtype=torch.int64), non_blocking=True)
+        info.num_tokens = n
+        batch_info = self.cuda_graph_batch_info
+        batch_info.bs = forward_batch.batch_size
+        batch_info.num_segments = forward_batch.batch_size
+        batch_info.weight_indices[: len(weight_indices)].copy_(
+            torch.tensor(weight_indices, dtype=torch.int32), non_blocking=True
+        )
+        batch_info.lora_ranks.copy_(torch.tensor(lora_ranks, dtype=torch.int32), non_blocking=True)
+        self.use_graph_path = True
+        self.work_items = None
+        self.batch_info = batch_info
+
+    # ------------------------------------------------------------------ compute
+    def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
+        if self.use_graph_path:
+            return graph_safe_shrink(x, weights, self.graph_info, stack_num)
+        return ops.lora_shrink(x, weights, self.work_items, stack_num)
+
+    def run_lora_b_sgemm(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        output_offset_cpu: torch.Tensor | None = None,
+        base_output: torch.Tensor | None = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        offsets = _offsets(output_offset_cpu, weights)
+        output = self._output(base_output, x, offsets)
+        if self.use_graph_path:
+            return graph_safe_expand(x, weights, self.graph_info, offsets, output)
+        return ops.lora_expand(x, weights, self.work_items, offsets, output)
+
+    def run_qkv_lora(
+        self,
+        x: torch.Tensor,
+        qkv_lora_a: torch.Tensor,
+        qkv_lora_b: torch.Tensor,
+        output_offset: torch.Tensor | None = None,
+        output_offset_cpu: torch.Tensor | None = None,
+        max_qkv_out_dim: int | None = None,
+        base_output: torch.Tensor | None = None,
+        n_slices: int = 3,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        offsets = _offsets(output_offset_cpu, qkv_lora_b)
+        if len(offsets) - 1 != n_slices:
+            raise ValueError(f"{n_slices} slices but output offsets {offsets}")
+        return self._apply(x, qkv_lora_a, qkv_lora_b, offsets, base_output)
+
+    def run_gate_up_lora(
+        self,
+        x: torch.Tensor,
+        gate_up_lora_a: torch.Tensor,
+        gate_up_lora_b: torch.Tensor,
+        output_offset: torch.Tensor | None = None,
+        output_offset_cpu: torch.Tensor | None = None,
+        base_output: torch.Tensor | None = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        offsets = _offsets(output_offset_cpu, gate_up_lora_b)
+        return self._apply(x, gate_up_lora_a, gate_up_lora_b, offsets, base_output)
+
+    def _apply(self, x, lora_a, lora_b, offsets: list[int], base_output):
+        output = self._output(base_output, x, offsets)
+        if self.use_graph_path:
+            intermediate = graph_safe_shrink(x, lora_a, self.graph_info, len(offsets) - 1)
+            return graph_safe_expand(intermediate, lora_b, self.graph_info, offsets, output)
+        return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output)
+
+    @staticmethod
+    def _output(base_output, x, offsets):
+        if base_output is not None:
+            return base_output
+        return torch.zeros((x.shape[0], offsets[-1]), dtype=x.dtype, device=x.device)
+
+
+def _offsets(output_offset_cpu: torch.Tensor | None, lora_b: torch.Tensor) -> list[int]:
+    if output_offset_cpu is None:
+        return [0, lora_b.shape[-2]]
+    return [int(v) for v in output_offset_cpu.tolist()]
+
+
+def graph_safe_shrink(x: torch.Tensor, a_buffer: torch.Tensor, info: GraphTokenInfo, num_slices: int) -> torch.Tensor:
+    """Per-token shrink reading only device tensors: row ``t`` is
+    ``x[t] @ A[slot_t, :num_slices * r_t].T`` with the other columns zero."""
+    tokens = x.shape[0]
+    slots = info.token_slots[:tokens]
+    width = a_buffer.shape[1]
+    out = torch.bmm(a_buffer[slots], x.unsqueeze(-1)).squeeze(-1)
+    valid = torch.arange(width, device=x.device).unsqueeze(0) < (num_slices * info.ranks[slots]).unsqueeze(1)
+    return out * valid.to(out.dtype)
+
+
+def graph_safe_expand(
+    intermediate: torch.Tensor,
+    b_buffer: torch.Tensor,
+    info: GraphTokenInfo,
+    offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Per-token expand reading only device tensors; adds into ``output`` in place."""
+    tokens = intermediate.shape[0]
+    slots = info.token_slots[:tokens]
+    ranks = info.ranks[slots]
+    max_rank = b_buffer.shape[-1]
+    cols = torch.arange(max_rank, device=output.device)
+    rank_mask = (cols.unsqueeze(0) < ranks.unsqueeze(1)).float()
+    scales = info.token_scales[:tokens].unsqueeze(1)
+    for s in range(len(offsets) - 1):
+        lo, hi = offsets[s], offsets[s + 1]
+        index = (s * ranks).unsqueeze(1) + cols.unsqueeze(0)
+        index = torch.minimum(index, torch.tensor(intermediate.shape[1] - 1, device=output.device))
+        xs = torch.gather(intermediate.float(), 1, index) * rank_mask
+        delta = torch.bmm(b_buffer[slots, lo:hi, :].float(), xs.unsqueeze(-1)).squeeze(-1)
+        output[:, lo:hi] += (delta * scales).to(output.dtype)
+    return output

@@ -1,0 +1,91 @@
+"""VLoRA options: one dataclass, parsed from ``--vlora-*`` flags, passed to children.
+
+SGLang spawns its scheduler and detokenizer processes and rebuilds ``ServerArgs``
+from its own fields only, so our options travel in the environment variable
+:data:`ENV_VAR` (JSON), which spawned processes inherit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+ENV_VAR = "SGLANG_VLORA_CONFIG"
+PLUGIN_NAME = "vlora"
+ATMM_IMPLS = ("auto", "torch")
+
+
+@dataclass(frozen=True)
+class VLoRAConfig:
+    """Options of an active plugin (``--plugin vlora``)."""
+
+    # Which ATMM implementation runs: "auto" picks the fastest available for the
+    # tensors' device (kernels on GPU, the torch reference on CPU); "torch" forces
+    # the reference everywhere (debugging, parity checks).
+    atmm_impl: str = "auto"
+    # Apply serving defaults for machines without a GPU (device, attention
+    # backends, overlap scheduling, KV size) to flags the user did not set.
+    cpu_defaults: bool = True
+    # KV-cache size in tokens used by the CPU defaults.
+    cpu_max_total_tokens: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.atmm_impl not in ATMM_IMPLS:
+            raise ValueError(f"--vlora-atmm-impl must be one of {ATMM_IMPLS}, got {self.atmm_impl!r}")
+        if self.cpu_max_total_tokens <= 0:
+            raise ValueError("--vlora-cpu-max-total-tokens must be positive")
+
+    def to_env(self) -> None:
+        os.environ[ENV_VAR] = json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> "VLoRAConfig | None":
+        raw = os.environ.get(ENV_VAR)
+        if not raw:
+            return None
+        values = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{ENV_VAR} has unknown options {unknown}")
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "VLoRAConfig":
+        return cls(
+            atmm_impl=args.vlora_atmm_impl,
+            cpu_defaults=not args.vlora_no_cpu_defaults,
+            cpu_max_total_tokens=args.vlora_cpu_max_total_tokens,
+        )
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """The flags the plugin adds to ``sglang.launch_server``."""
+    group = parser.add_argument_group("sglang-vlora")
+    group.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"Turn on an installed SGLang plugin by name ('{PLUGIN_NAME}' for sglang-vlora). Repeatable.",
+    )
+    defaults = VLoRAConfig()
+    group.add_argument(
+        "--vlora-atmm-impl",
+        choices=ATMM_IMPLS,
+        default=defaults.atmm_impl,
+        help="ATMM implementation: auto (kernels on GPU, torch on CPU) or torch (reference everywhere).",
+    )
+    group.add_argument(
+        "--vlora-no-cpu-defaults",
+        action="store_true",
+        help="On a machine without a GPU, do not fill in the CPU serving defaults.",
+    )
+    group.add_argument(
+        "--vlora-cpu-max-total-tokens",
+        type=int,
+        default=defaults.cpu_max_total_tokens,
+        help="KV-cache size (tokens) set by the CPU defaults when --max-total-tokens is not given.",
+    )

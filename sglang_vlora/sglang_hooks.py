@@ -1,0 +1,137 @@
+"""Every SGLang function sglang-vlora wraps, in one place: target, kind, why, our side.
+
+SGLang's ``HookRegistry`` only logs a hook whose target does not resolve, so
+:func:`verify_applied` checks each of ours after ``apply_hooks`` and the plugin stops
+with an error naming the hook that did not apply.
+
+Two groups:
+
+* :data:`ARG_HOOKS` are registered in every process, active or not, because the
+  launcher must parse ``--plugin`` before it knows whether the plugin is on. Without
+  ``--plugin vlora`` they only add our flags (and the ``atmm`` choice, which is
+  refused without the plugin) and leave every SGLang option as SGLang resolves it.
+* :data:`ACTIVE_HOOKS` are registered only when the plugin is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_vlora import config as vlora_config
+
+logger = logging.getLogger(__name__)
+
+SGLANG_DEFAULT_LORA_BACKEND = "csgmv"
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str
+    kind: HookType
+    fn: Callable
+    why: str
+
+
+# --------------------------------------------------------------------- arg hooks
+def add_cli_args_after(result, parser: argparse.ArgumentParser):
+    """AFTER ``ServerArgs.add_cli_args``: our flags, ``atmm`` as a LoRA backend choice,
+    and ``--lora-backend`` defaulting to "not given" so we can tell an explicit
+    ``--lora-backend csgmv`` from SGLang's default."""
+    vlora_config.add_cli_args(parser)
+    for action in parser._actions:
+        if action.dest == "lora_backend":
+            action.choices = [*action.choices, "atmm"]
+            action.default = None
+    return result
+
+
+def from_cli_args_around(original, cls, args: argparse.Namespace):
+    """AROUND ``ServerArgs.from_cli_args``: turn the plugin on if ``--plugin vlora``
+    was given (LoRA on, backend ``atmm`` unless another was chosen, CPU defaults),
+    else restore SGLang's own default backend."""
+    from sglang_vlora import plugin
+
+    names = list(getattr(args, "plugin", []) or [])
+    unknown = sorted(set(names) - {vlora_config.PLUGIN_NAME})
+    if unknown:
+        raise SystemExit(f"--plugin: unknown plugin(s) {unknown}; installed: ['{vlora_config.PLUGIN_NAME}']")
+    if vlora_config.PLUGIN_NAME not in names:
+        if args.lora_backend == "atmm":
+            raise SystemExit("--lora-backend atmm needs --plugin vlora (the sglang-vlora plugin)")
+        if args.lora_backend is None:
+            args.lora_backend = SGLANG_DEFAULT_LORA_BACKEND
+        return original(cls, args)
+    cfg = vlora_config.VLoRAConfig.from_args(args)
+    plugin.activate(cfg)
+    plugin.apply_server_defaults(args, cfg)
+    return original(cls, args)
+
+
+ARG_HOOKS = [
+    Hook(
+        "sglang.srt.server_args.ServerArgs.add_cli_args",
+        HookType.AFTER,
+        add_cli_args_after,
+        "SGLang has no API for plugin flags: add --plugin and --vlora-*, offer 'atmm'.",
+    ),
+    Hook(
+        "sglang.srt.server_args.ServerArgs.from_cli_args",
+        HookType.AROUND,
+        from_cli_args_around,
+        "from_cli_args drops unknown fields: read ours here, turn the plugin on, "
+        "fill LoRA and CPU defaults, and hand our options to children via the environment.",
+    ),
+]
+
+ACTIVE_HOOKS: list[Hook] = []
+
+
+# ------------------------------------------------------------------- machinery
+def register(hooks: list[Hook]) -> None:
+    for hook in hooks:
+        HookRegistry.register(hook.target, hook.fn, hook.kind)
+
+
+def _resolve(target: str):
+    import pkgutil
+
+    owner_path, attr = target.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
+    if isinstance(raw, (classmethod, staticmethod)):
+        return raw.__func__
+    return getattr(owner, attr)
+
+
+def _wraps_hook(fn: Callable, hook_fn: Callable) -> bool:
+    """Walk the ``__wrapped__`` chain; true if a wrapper closes over ``hook_fn``."""
+    seen = 0
+    while fn is not None and seen < 32:
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is hook_fn:
+                    return True
+            except ValueError:
+                continue
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def verify_applied(hooks: list[Hook]) -> None:
+    """Raise ``RuntimeError`` naming the first hook that is not in place."""
+    for hook in hooks:
+        try:
+            current = _resolve(hook.target)
+        except Exception as exc:  # the target does not exist in this SGLang
+            raise RuntimeError(f"sglang-vlora: hook target {hook.target} not found ({exc})") from exc
+        if not _wraps_hook(current, hook.fn):
+            raise RuntimeError(
+                f"sglang-vlora: hook {hook.kind.value} {hook.target} did not apply "
+                f"(needed because: {hook.why})"
+            )
