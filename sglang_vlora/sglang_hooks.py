@@ -66,7 +66,10 @@ def from_cli_args_around(original, cls, args: argparse.Namespace):
         if args.lora_backend is None:
             args.lora_backend = SGLANG_DEFAULT_LORA_BACKEND
         return original(cls, args)
-    cfg = vlora_config.VLoRAConfig.from_args(args)
+    try:
+        cfg = vlora_config.VLoRAConfig.from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"sglang-vlora: {exc}") from exc
     plugin.activate(cfg)
     plugin.apply_server_defaults(args, cfg)
     return original(cls, args)

@@ -1,0 +1,141 @@
+"""The plugin's activation: nothing changes without ``--plugin vlora``; with it, LoRA is
+on with backend ``atmm``, CPU defaults fill unset flags, options reach children through
+the environment, and a hook that does not apply stops start-up with its name."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_vlora import sglang_hooks
+from sglang_vlora.config import ENV_VAR, VLoRAConfig
+
+# Runs in a fresh interpreter (plugins are process-global): load plugins as the
+# launcher does, parse a command line, report what SGLang ends up with.
+PROBE = r"""
+import json, os, sys, torch
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.lora.backend.lora_registry import LORA_SUPPORTED_BACKENDS
+try:
+    args = prepare_server_args(sys.argv[1:])
+except SystemExit as exc:
+    print(json.dumps({"exit": str(exc)}))
+    raise SystemExit(0)
+fields = {k: getattr(args, k) for k in ("enable_lora", "lora_backend", "device", "attention_backend",
+          "mm_attention_backend", "disable_overlap_schedule", "max_total_tokens", "lora_paths")}
+print(json.dumps({
+    "fields": {k: (v if isinstance(v, (str, int, bool, type(None))) else str(v)) for k, v in fields.items()},
+    "atmm_registered": "atmm" in LORA_SUPPORTED_BACKENDS,
+    "config_env": os.environ.get("SGLANG_VLORA_CONFIG"),
+    "cpu_engine_env": os.environ.get("SGLANG_USE_CPU_ENGINE"),
+    "pinning_patched": torch.Tensor.pin_memory.__name__ != "pin_memory",
+}))
+"""
+
+BASE_ARGS = ["--model-path", "some/model", "--lora-paths", "a=some/adapter"]
+
+
+def probe(argv: list[str], only_sglang_plugins: bool = False) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_VLORA", "SGLANG_USE_CPU", "SGLANG_PLUGINS"))}
+    if only_sglang_plugins:
+        env["SGLANG_PLUGINS"] = "none-installed"  # a whitelist that excludes ours
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_installed_but_not_requested_changes_nothing():
+    ours = probe(BASE_ARGS)
+    stock = probe(BASE_ARGS, only_sglang_plugins=True)
+    assert ours["fields"] == stock["fields"]
+    assert ours["fields"]["lora_backend"] == "csgmv"
+    for result in (ours, stock):
+        assert not result["atmm_registered"]
+        assert result["config_env"] is None
+        assert result["cpu_engine_env"] is None
+        assert not result["pinning_patched"]
+
+
+def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
+    result = probe(["--plugin", "vlora", *BASE_ARGS])
+    fields = result["fields"]
+    assert fields["lora_backend"] == "atmm"
+    assert fields["enable_lora"] is True
+    assert result["atmm_registered"]
+    assert json.loads(result["config_env"]) == {"atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536}
+    # This machine has no GPU: the CPU layer and defaults are on.
+    assert result["cpu_engine_env"] == "1"
+    assert result["pinning_patched"]
+    assert fields["device"] == "cpu"
+    assert fields["attention_backend"] == "torch_native"
+    assert fields["mm_attention_backend"] == "sdpa"
+    assert fields["disable_overlap_schedule"] is True
+    assert fields["max_total_tokens"] == 65536
+
+
+def test_explicit_flags_win_over_plugin_defaults():
+    result = probe(
+        ["--plugin", "vlora", "--lora-backend", "triton", "--max-total-tokens", "4096",
+         "--vlora-atmm-impl", "torch", *BASE_ARGS]
+    )
+    assert result["fields"]["lora_backend"] == "triton"
+    assert result["fields"]["max_total_tokens"] == 4096
+    assert json.loads(result["config_env"])["atmm_impl"] == "torch"
+
+
+def test_atmm_without_plugin_is_refused():
+    result = probe(["--lora-backend", "atmm", *BASE_ARGS])
+    assert "needs --plugin vlora" in result["exit"]
+
+
+def test_unknown_plugin_name_is_refused():
+    result = probe(["--plugin", "vlroa", *BASE_ARGS])
+    assert "unknown plugin" in result["exit"]
+
+
+def test_bad_option_value_is_refused():
+    result = probe(["--plugin", "vlora", "--vlora-cpu-max-total-tokens", "0", *BASE_ARGS])
+    assert "must be positive" in result.get("exit", "")
+
+
+def test_config_round_trips_through_the_environment(monkeypatch):
+    cfg = VLoRAConfig(atmm_impl="torch", cpu_defaults=False, cpu_max_total_tokens=1024)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    cfg.to_env()
+    assert VLoRAConfig.from_env() == cfg
+    monkeypatch.setenv(ENV_VAR, json.dumps({"atmm_impl": "torch", "bogus": 1}))
+    with pytest.raises(ValueError, match="bogus"):
+        VLoRAConfig.from_env()
+
+
+def test_self_check_names_a_hook_that_did_not_apply():
+    def never_registered(*args, **kwargs):
+        return None
+
+    missing = sglang_hooks.Hook(
+        "sglang.srt.server_args.ServerArgs.url", HookType.AFTER, never_registered, "test"
+    )
+    with pytest.raises(RuntimeError, match="ServerArgs.url did not apply"):
+        sglang_hooks.verify_applied([missing])
+    typo = sglang_hooks.Hook("sglang.srt.server_args.ServerArgz.url", HookType.AFTER, never_registered, "test")
+    with pytest.raises(RuntimeError, match="ServerArgz.url not found"):
+        sglang_hooks.verify_applied([typo])
+
+
+def test_self_check_accepts_an_applied_hook():
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    def after_url(result, *args, **kwargs):
+        return result
+
+    hook = sglang_hooks.Hook("sglang.srt.server_args.ServerArgs.get_tokenizer_worker_class", HookType.AFTER, after_url, "test")
+    sglang_hooks.register([hook])
+    HookRegistry.apply_hooks()
+    sglang_hooks.verify_applied([hook])
