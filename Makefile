@@ -1,0 +1,47 @@
+# sglang-vlora: install / serve / test / lint / bench / tune
+# On a machine without a GPU, `install` puts SGLang in with its pure-Python dependencies only
+# (requirements/sglang-cpu.txt); with a GPU it installs the package with SGLang's full dependency set.
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip install -q
+MODEL   ?= .cache/tiny/model
+ADAPTERS ?= a8=.cache/tiny/adapters/a8 b16=.cache/tiny/adapters/b16
+PORT    ?= 30000
+SERVE_ARGS ?=
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: install serve test lint bench tune tiny
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/dev.txt
+	python3 -m venv $(VENV)
+ifeq ($(HAS_GPU),1)
+	$(PIP) -e ".[dev]" -r requirements/dev.txt
+else
+	$(PIP) torch==2.14.1 torchvision==0.29.1
+	$(PIP) --no-deps sglang==0.5.23
+	$(PIP) -r requirements/sglang-cpu.txt -r requirements/dev.txt
+	$(PIP) --no-deps -e .
+endif
+	touch $@
+
+tiny: install
+	$(PY) -m sglang_vlora.tiny_model --out .cache/tiny
+
+serve: install $(if $(filter .cache/tiny/model,$(MODEL)),tiny)
+	$(PY) -m sglang.launch_server --plugin vlora --model-path $(MODEL) \
+		--lora-paths $(ADAPTERS) --port $(PORT) $(SERVE_ARGS)
+
+test: install
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) -m bench.kernels
+
+tune: install
+	$(PY) -m sglang_vlora.atmm.tune
