@@ -56,7 +56,7 @@ def segments_from_requests(
     lengths: list[int] = []
     slots: list[int] = []
     offset = 0
-    for seq_len, slot in zip(seq_lens, weight_indices):
+    for seq_len, slot in zip(seq_lens, weight_indices, strict=True):
         if slots and slots[-1] == slot:
             lengths[-1] += seq_len
         else:
@@ -167,7 +167,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         info = self.graph_info
         token_slots: list[int] = []
         token_scales: list[float] = []
-        for seq_len, slot in zip(seq_lens, weight_indices):
+        for seq_len, slot in zip(seq_lens, weight_indices, strict=True):
             token_slots += [slot] * seq_len
             token_scales += [scale_of_slot[slot]] * seq_len
         n = len(token_slots)

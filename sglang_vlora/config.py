@@ -41,7 +41,7 @@ class VLoRAConfig:
         os.environ[ENV_VAR] = json.dumps(asdict(self))
 
     @classmethod
-    def from_env(cls) -> "VLoRAConfig | None":
+    def from_env(cls) -> VLoRAConfig | None:
         raw = os.environ.get(ENV_VAR)
         if not raw:
             return None
@@ -53,7 +53,7 @@ class VLoRAConfig:
         return cls(**values)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "VLoRAConfig":
+    def from_args(cls, args: argparse.Namespace) -> VLoRAConfig:
         return cls(
             atmm_impl=args.vlora_atmm_impl,
             cpu_defaults=not args.vlora_no_cpu_defaults,

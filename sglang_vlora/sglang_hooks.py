@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -84,19 +84,13 @@ def build_work_items(
     """
     n = len(slots)
     if not (len(seg_starts) == len(seg_lens) == len(scales) == n):
-        raise ValueError(
-            "seg_starts, seg_lens, slots and scales must have one entry per item"
-        )
+        raise ValueError("seg_starts, seg_lens, slots and scales must have one entry per item")
     keep = []
     for i in range(n):
         if seg_lens[i] < 0 or seg_starts[i] < 0:
-            raise ValueError(
-                f"work item {i}: negative segment ({seg_starts[i]}, {seg_lens[i]})"
-            )
+            raise ValueError(f"work item {i}: negative segment ({seg_starts[i]}, {seg_lens[i]})")
         if not 0 <= slots[i] < len(ranks):
-            raise ValueError(
-                f"work item {i}: slot {slots[i]} outside 0..{len(ranks) - 1}"
-            )
+            raise ValueError(f"work item {i}: slot {slots[i]} outside 0..{len(ranks) - 1}")
         if seg_lens[i] > 0 and ranks[slots[i]] > 0 and scales[i] != 0.0:
             keep.append(i)
     starts = [int(seg_starts[i]) for i in keep]
@@ -110,17 +104,13 @@ def build_work_items(
     layers = assign_layers(starts, lens)
 
     def int_tensor(values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(values), dtype=torch.int32).to(
-            device, non_blocking=True
-        )
+        return torch.tensor(list(values), dtype=torch.int32).to(device, non_blocking=True)
 
     return WorkItems(
         seg_starts=int_tensor(starts),
         seg_lens=int_tensor(lens),
         slots=int_tensor(item_slots),
-        scales=torch.tensor(item_scales, dtype=torch.float32).to(
-            device, non_blocking=True
-        ),
+        scales=torch.tensor(item_scales, dtype=torch.float32).to(device, non_blocking=True),
         row_starts=int_tensor(row_starts),
         ranks=int_tensor([int(r) for r in ranks]),
         permutation=permutation,

@@ -132,10 +132,10 @@ class HFReference:
 def assert_matches_reference(ref: HFReference, gen: Generation, text: str, image, adapter: str | None) -> None:
     prompt_len, hf_logprobs, hf_top1, margins = ref.teacher_forced(text, image, adapter, gen.tokens)
     assert gen.prompt_tokens == prompt_len, "SGLang and HF tokenized the prompt differently"
-    for step, (ours, theirs) in enumerate(zip(gen.logprobs, hf_logprobs)):
+    for step, (ours, theirs) in enumerate(zip(gen.logprobs, hf_logprobs, strict=True)):
         assert abs(ours - theirs) <= LOGPROB_TOL, (
             f"adapter={adapter} step {step}: SGLang log-prob {ours:.5f} vs HF {theirs:.5f}"
         )
-    for step, (token, top, margin) in enumerate(zip(gen.tokens, hf_top1, margins)):
+    for step, (token, top, margin) in enumerate(zip(gen.tokens, hf_top1, margins, strict=True)):
         if margin > LOGPROB_TOL:
             assert token == top, f"adapter={adapter} step {step}: SGLang chose {token}, HF top-1 {top}"

@@ -22,7 +22,7 @@ TEXT = chat_text("What is in the image?", with_image=False)
 
 def assert_same_generation(a, b, what: str) -> None:
     assert a.tokens == b.tokens, what
-    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= LOGPROB_TOL, what
+    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= LOGPROB_TOL, what
 
 
 def assert_still_serving(server) -> None:
@@ -80,7 +80,7 @@ def test_one_batch_of_three_adapters_and_base(server):
         timeout=120,
     )
     response.raise_for_status()
-    for adapter, body in zip(adapters, response.json()):
+    for adapter, body in zip(adapters, response.json(), strict=True):
         assert_same_generation(parse_generation(body), alone[adapter], f"adapter={adapter}")
 
 
