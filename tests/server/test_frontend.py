@@ -1,9 +1,12 @@
-"""SGLang's frontend language against the plugin's server: the README's multi-round
-VQA on one image."""
+"""SGLang's frontend language against the plugin's server: multi-round VQA on one
+image, the adapter picked per call, and the image's KV reused across rounds."""
 
+import httpx
+import pytest
 import sglang as sgl
 
-from tests.server.reference import make_image
+from sglang_vlora.frontend import VLoRAEndpoint
+from tests.server.reference import chat_text, make_image, png_base64, sglang_generate
 
 
 @sgl.function
@@ -15,15 +18,81 @@ def multi_round_vqa(s, image_path, questions):
         s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=4, temperature=0))
 
 
-def test_multi_round_vqa_with_the_frontend(server, tmp_path):
-    image_path = tmp_path / "frame.png"
-    make_image(seed=7).save(image_path)
-    backend = sgl.RuntimeEndpoint(server.url)
-    questions = ["What is in the image?", "How many objects are there?", "Which color dominates?"]
-    state = multi_round_vqa.run(image_path=str(image_path), questions=questions, backend=backend)
-    answers = [state[f"answer_{i}"] for i in range(3)]
-    assert all(isinstance(a, str) for a in answers)
-    # Rounds after the first reuse the KV of the conversation so far, image included.
+QUESTIONS = ["What is in the image?", "How many objects are there?", "Which color dominates?"]
+
+
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("frontend") / "frame.png"
+    make_image(seed=7).save(path)
+    return str(path)
+
+
+def run(endpoint, image_path):
+    return multi_round_vqa.run(image_path=image_path, questions=QUESTIONS, backend=endpoint)
+
+
+def test_multi_round_vqa_reuses_the_image_kv(server, image_path):
+    state = run(sgl.RuntimeEndpoint(server.url), image_path)
     first = state.get_meta_info("answer_0")
     last = state.get_meta_info("answer_2")
+    # Rounds after the first reuse the KV of the conversation so far, image included.
     assert last["cached_tokens"] >= first["prompt_tokens"]
+
+
+def test_adapter_per_call(server, image_path):
+    endpoint = VLoRAEndpoint(server.url)
+    base = run(endpoint, image_path)
+    for adapter in ("a8", "c32"):
+        state = run(endpoint.using(adapter), image_path)
+        answers = [state[f"answer_{i}"] for i in range(3)]
+        assert answers != [base[f"answer_{i}"] for i in range(3)], adapter
+        # The last round answers what /generate answers for the same text and adapter.
+        text = state.text()
+        prefix = text[: text.rfind(state["answer_2"])]
+        body = httpx.post(
+            server.url + "/generate",
+            json={
+                "text": prefix,
+                "image_data": "data:image/png;base64," + png_base64(make_image(seed=7)),
+                "lora_path": adapter,
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+            },
+            timeout=120,
+        ).json()
+        assert body["text"] == state["answer_2"], adapter
+
+
+def test_kv_is_not_shared_across_adapters(server, tmp_path):
+    text = chat_text("What is in the image?", with_image=True)
+    image = make_image(seed=99)
+    b16_first = sglang_generate(server.url, text, "b16", image=image, max_new_tokens=1)
+    b16_again = httpx.post(
+        server.url + "/generate",
+        json=request(text, "b16", image),
+        timeout=120,
+    ).json()["meta_info"]
+    a8_first = httpx.post(server.url + "/generate", json=request(text, "a8", image), timeout=120).json()["meta_info"]
+    # b16's second request reuses its first one's prompt, image included ...
+    assert b16_again["cached_tokens"] >= b16_first.prompt_tokens - 1
+    # ... while a8, seeing this image for the first time, cannot reuse b16's entries.
+    assert a8_first["cached_tokens"] < b16_again["cached_tokens"]
+
+
+def request(text, adapter, image):
+    return {
+        "text": text,
+        "lora_path": adapter,
+        "image_data": "data:image/png;base64," + png_base64(image),
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    }
+
+
+def test_unknown_adapter_fails_clearly(server, image_path):
+    state = run(VLoRAEndpoint(server.url).using("no_such_adapter"), image_path)
+    assert "no_such_adapter" in str(state.error())
+
+
+def test_bad_adapter_name_is_refused_locally(server):
+    with pytest.raises(ValueError):
+        VLoRAEndpoint(server.url).using("")
