@@ -91,7 +91,52 @@ ARG_HOOKS = [
     ),
 ]
 
-ACTIVE_HOOKS: list[Hook] = []
+def _head_hooks() -> list[Hook]:
+    from sglang_vlora.heads import head_hooks
+
+    lora_manager = "sglang.srt.lora.lora_manager.LoRAManager"
+    return [
+        Hook(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_and_resolve_lora",
+            HookType.AROUND,
+            head_hooks.validate_head_requests_around,
+            "refuse head requests whose adapter has no such head (400), finish head requests after prefill",
+        ),
+        Hook(
+            f"{lora_manager}.validate_new_adapter",
+            HookType.AFTER,
+            head_hooks.load_heads_after_validate,
+            "SGLang drops non-LoRA tensors from adapter files: load the task heads beside them, "
+            "inside SGLang's load error handling so a bad head fails the load with its reason",
+        ),
+        Hook(
+            f"{lora_manager}.load_lora_adapter",
+            HookType.AFTER,
+            head_hooks.drop_heads_after_load,
+            "forget the heads of an adapter whose load failed",
+        ),
+        Hook(
+            f"{lora_manager}.unload_lora_adapter",
+            HookType.AFTER,
+            head_hooks.drop_heads_after_unload,
+            "forget the heads of an unloaded adapter",
+        ),
+        Hook(
+            "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
+            HookType.AFTER,
+            head_hooks.mark_head_requests_after_init,
+            "carry each request's head task from the schedule batch to the forward",
+        ),
+        Hook(
+            "sglang.srt.layers.logits_processor.LogitsProcessor.forward",
+            HookType.AROUND,
+            head_hooks.logits_forward_around,
+            "answer head requests from the last prompt token's final hidden state, in the same forward",
+        ),
+    ]
+
+
+ACTIVE_HOOKS: list[Hook] = _head_hooks()
 
 
 # ------------------------------------------------------------------- machinery

@@ -1,0 +1,1 @@
+"""Vision task heads: a small classifier on the LLM's last hidden state (paper §4.2.2)."""
