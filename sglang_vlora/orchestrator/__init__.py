@@ -1,0 +1,31 @@
+"""The orchestrator's decisions as pure logic (paper §4.4.3): no torch, no SGLang.
+
+The scheduler glue builds a :class:`SchedulerState` every iteration, calls
+``policy.decide(state)`` and applies the :class:`Decision`.
+"""
+
+from sglang_vlora.orchestrator import baselines as baselines  # registers the comparison policies
+from sglang_vlora.orchestrator.cost_model import CostModel, CostModelError, load_cost_model
+from sglang_vlora.orchestrator.policy import (
+    PolicyConfig,
+    SchedulingPolicy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
+from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState
+
+__all__ = [
+    "CostModel",
+    "CostModelError",
+    "Decision",
+    "Mode",
+    "PolicyConfig",
+    "Request",
+    "SchedulerState",
+    "SchedulingPolicy",
+    "load_cost_model",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+]

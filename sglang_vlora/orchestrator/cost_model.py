@@ -1,0 +1,223 @@
+"""Cost estimates for the orchestrator, built only from measured numbers.
+
+Two sources, one schema: a JSON file (benchmark results) or a measurement callable run
+at start-up that returns the same structure. There is no built-in latency anywhere:
+with neither source, :func:`load_cost_model` raises :class:`CostModelError`.
+
+Schema ``sglang-vlora/cost-model/v1``::
+
+    {
+      "schema": "sglang-vlora/cost-model/v1",
+      "measured_on": "free text: device, model, tool, date",          (optional)
+      "token_latency_s": {
+        "merge":   {"prefill_token": 2.0e-5, "decode_step": 0.0110},
+        "mixture": {"prefill_token": 2.3e-5, "decode_step": 0.0118},
+        "unmerge": {"prefill_token": 2.9e-5, "decode_step": 0.0135}
+      },
+      "switch_s": {
+        "merge":   [{"rank": 16, "layers": 32, "seconds": 0.0029}, ...],
+        "unmerge": [{"rank": 16, "layers": 32, "seconds": 0.0029}, ...],
+        "fused":   [{"rank": 32, "layers": 32, "seconds": 0.0031}, ...]   (optional)
+      }
+    }
+
+``prefill_token`` is an iteration's prefill time divided by its prompt tokens;
+``decode_step`` the time of one decode iteration (each request in it gains one token),
+both measured in the given mode at the serving batch size. ``switch_s`` lists measured
+mode switches of one adapter over ``layers`` LoRA-targeted decoder layers: ``merge``
+folds an adapter into clean weights, ``unmerge`` takes it out, ``fused`` goes from
+adapter a to adapter b in one pass and is keyed by the stacked rank ``r_a + r_b``.
+
+Each switch kind is fitted as ``seconds = layers * (per_layer + rank * per_layer_rank)``
+(least squares, both coefficients kept non-negative): folding a delta reads and writes
+every targeted weight once (the per-layer term) and computes ``B @ A`` (the rank term).
+Without ``fused`` points a fused switch is estimated as an unmerge then a merge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang_vlora.orchestrator.state import Mode, Request, WeightState
+
+SCHEMA = "sglang-vlora/cost-model/v1"
+SWITCH_KINDS = ("merge", "unmerge", "fused")
+
+
+class CostModelError(ValueError):
+    """No cost source, or a source that does not follow the schema."""
+
+
+@dataclass(frozen=True)
+class SwitchFit:
+    """Switch time of one kind as a function of adapter rank and layer count."""
+
+    per_layer_s: float
+    per_layer_rank_s: float
+
+    def seconds(self, rank: int, layers: int) -> float:
+        return layers * (self.per_layer_s + rank * self.per_layer_rank_s)
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[int, int, float]]) -> SwitchFit:
+        """Least squares of per-layer seconds against rank over ``(rank, layers, seconds)``.
+
+        A negative slope (noise on a memory-bound switch) falls back to the mean; a
+        negative intercept to a line through the origin, so no rank gets a negative cost.
+        """
+        xs = [float(rank) for rank, _, _ in points]
+        ys = [seconds / layers for _, layers, seconds in points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mean_x) ** 2 for x in xs)
+        if sxx == 0:
+            return cls(mean_y, 0.0)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+        intercept = mean_y - slope * mean_x
+        if slope < 0:
+            return cls(mean_y, 0.0)
+        if intercept < 0:
+            return cls(0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs))
+        return cls(intercept, slope)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-mode token latencies and switch times for a model with ``layers`` LoRA layers."""
+
+    prefill_token_s: Mapping[Mode, float]
+    decode_step_s: Mapping[Mode, float]
+    merge: SwitchFit
+    unmerge: SwitchFit
+    fused: SwitchFit | None
+    layers: int
+    source: str
+
+    def exec_s(self, request: Request, mode: Mode) -> float:
+        """Expected time to finish ``request`` if it runs in ``mode`` from now on."""
+        return (
+            request.remaining_prefill_tokens * self.prefill_token_s[mode]
+            + request.remaining_decode_steps * self.decode_step_s[mode]
+        )
+
+    def switch_s(self, src: WeightState, dst: WeightState, ranks: Mapping[str, int]) -> float:
+        """Time to move the weights from ``src`` to ``dst``.
+
+        Only the adapter folded into the weights matters: merge and mixture of the same
+        adapter share weights, so moving between them costs nothing.
+        """
+        old, new = src[1], dst[1]
+        if old == new:
+            return 0.0
+        if old is None:
+            return self.merge.seconds(_rank(ranks, new), self.layers)
+        if new is None:
+            return self.unmerge.seconds(_rank(ranks, old), self.layers)
+        r_old, r_new = _rank(ranks, old), _rank(ranks, new)
+        if self.fused is None:
+            return self.unmerge.seconds(r_old, self.layers) + self.merge.seconds(r_new, self.layers)
+        return self.fused.seconds(r_old + r_new, self.layers)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], layers: int, source: str = "dict") -> CostModel:
+        """Validate ``data`` against the schema; ``layers`` is the served model's LoRA layer count."""
+        if not isinstance(layers, int) or layers <= 0:
+            raise CostModelError(f"{source}: layers must be a positive int, got {layers!r}")
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            raise CostModelError(f'{source}: expected a JSON object with "schema": "{SCHEMA}"')
+        latency = _field(data, "token_latency_s", Mapping, source)
+        prefill, decode = {}, {}
+        for mode in Mode:
+            entry = _field(latency, mode.value, Mapping, f"{source}: token_latency_s")
+            prefill[mode] = _seconds(
+                entry.get("prefill_token"), f"{source}: token_latency_s.{mode}.prefill_token"
+            )
+            decode[mode] = _seconds(entry.get("decode_step"), f"{source}: token_latency_s.{mode}.decode_step")
+        switch = _field(data, "switch_s", Mapping, source)
+        unknown = sorted(set(switch) - set(SWITCH_KINDS))
+        if unknown:
+            raise CostModelError(f"{source}: unknown switch kinds {unknown}; known: {list(SWITCH_KINDS)}")
+        fits = {
+            kind: _fit(switch[kind], f"{source}: switch_s.{kind}") for kind in SWITCH_KINDS if kind in switch
+        }
+        for kind in ("merge", "unmerge"):
+            if kind not in fits:
+                raise CostModelError(f"{source}: switch_s.{kind} is required")
+        return cls(
+            prefill,
+            decode,
+            fits["merge"],
+            fits["unmerge"],
+            fits.get("fused"),
+            layers,
+            str(data.get("measured_on", source)),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], layers: int) -> CostModel:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CostModelError(f"cannot read cost model {os.fspath(path)!r}: {exc}") from exc
+        return cls.from_dict(data, layers, source=os.fspath(path))
+
+
+def load_cost_model(
+    layers: int,
+    path: str | os.PathLike[str] | None = None,
+    measure: Callable[[], Mapping[str, Any]] | None = None,
+) -> CostModel:
+    """The cost model from ``path`` if given (no start-up cost), else from ``measure()``.
+
+    ``measure`` runs the start-up measurement and returns a dict in the file schema.
+    """
+    if path is not None:
+        return CostModel.from_file(path, layers)
+    if measure is not None:
+        return CostModel.from_dict(measure(), layers, source="start-up measurement")
+    raise CostModelError(
+        f"no cost model: give a JSON file in the {SCHEMA} schema (see "
+        "sglang_vlora.orchestrator.cost_model) or a measurement callable that returns one"
+    )
+
+
+def _rank(ranks: Mapping[str, int], adapter: str) -> int:
+    try:
+        return ranks[adapter]
+    except KeyError:
+        raise CostModelError(
+            f"no rank known for adapter {adapter!r}: pass it in SchedulerState.ranks"
+        ) from None
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise CostModelError(f"{where}: missing or malformed field {key!r}")
+    return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise CostModelError(f"{where}: expected a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _fit(points: Any, where: str) -> SwitchFit:
+    if not isinstance(points, list) or not points:
+        raise CostModelError(f"{where}: expected a non-empty list of {{rank, layers, seconds}}")
+    parsed = []
+    for i, point in enumerate(points):
+        if not isinstance(point, Mapping):
+            raise CostModelError(f"{where}[{i}]: expected an object")
+        rank, layers = point.get("rank"), point.get("layers")
+        for name, value in (("rank", rank), ("layers", layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise CostModelError(f"{where}[{i}].{name}: expected a positive int, got {value!r}")
+        parsed.append((rank, layers, _seconds(point.get("seconds"), f"{where}[{i}].seconds")))
+    return SwitchFit.fit(parsed)

@@ -1,0 +1,286 @@
+"""Property tests (hypothesis) of every policy over random states, and a simulation of
+serving a stream of requests that bounds every request's wait by theta."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from sglang_vlora.orchestrator import (
+    CostModel,
+    Decision,
+    Mode,
+    PolicyConfig,
+    Request,
+    SchedulerState,
+    make_policy,
+    policy_names,
+)
+from sglang_vlora.orchestrator.cost_model import SCHEMA
+from tests.orchestrator.builders import RANKS, cost_model
+
+ADAPTERS = (None, "a", "b", "c", "d")
+NO_STARVATION_BOUND = ("vlora", "unmerge-only", "dlora")  # merge-only serves one adapter at a time
+
+seconds = st.floats(min_value=1e-4, max_value=0.02)
+
+
+@st.composite
+def cost_models(draw) -> CostModel:
+    def points():
+        return [{"rank": rank, "layers": 32, "seconds": draw(seconds)} for rank in (16, 64)]
+
+    data = {
+        "schema": SCHEMA,
+        "token_latency_s": {
+            mode.value: {"prefill_token": draw(st.floats(1e-6, 1e-3)), "decode_step": draw(seconds)}
+            for mode in Mode
+        },
+        "switch_s": {"merge": points(), "unmerge": points(), "fused": points()},
+    }
+    return CostModel.from_dict(data, layers=draw(st.integers(1, 80)))
+
+
+@st.composite
+def requests(draw, rid: str, now: float, adapters: list[str | None]) -> Request:
+    prompt = draw(st.integers(0, 512))
+    expected = draw(st.integers(0, 32))
+    return Request(
+        rid,
+        draw(st.sampled_from(adapters)),
+        now - draw(st.floats(0.0, 2.0)),
+        prompt,
+        expected,
+        draw(st.integers(0, prompt)),
+        draw(st.integers(0, expected)),
+        slo=draw(st.none() | st.floats(0.05, 5.0)),
+    )
+
+
+@st.composite
+def states(draw) -> SchedulerState:
+    """Few adapters per state, so that one often dominates; waits comparable to theta."""
+    now = draw(st.floats(0.0, 10.0))
+    adapters = draw(st.lists(st.sampled_from(ADAPTERS), min_size=1, max_size=4, unique=True))
+    count = draw(st.integers(0, 20))
+    reqs = [draw(requests(f"r{i}", now, adapters)) for i in range(count)]
+    is_running = [draw(st.booleans()) for _ in reqs]
+    merged = draw(st.sampled_from(ADAPTERS))
+    mode = Mode.UNMERGE if merged is None else draw(st.sampled_from([Mode.MERGE, Mode.MIXTURE]))
+    return SchedulerState(
+        now,
+        tuple(r for r, run in zip(reqs, is_running, strict=True) if not run),
+        tuple(r for r, run in zip(reqs, is_running, strict=True) if run),
+        mode,
+        merged,
+        RANKS,
+    )
+
+
+configs = st.builds(
+    PolicyConfig,
+    theta=st.floats(0.0, 2.0),
+    max_batch=st.integers(1, 16),
+    adapter_slots=st.none() | st.integers(1, 5),
+)
+
+
+def slots_used(decision: Decision, by_id: dict[str, Request]) -> int:
+    adapters = {by_id[rid].adapter for rid in decision.batch}
+    if decision.adapter is not None:
+        adapters.add(decision.adapter)
+    return len(adapters)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from(policy_names()), state=states(), config=configs, cost=cost_models())
+def test_decisions_are_well_formed(name, state, config, cost):
+    decision = make_policy(name, config, cost).decide(state)
+    by_id = {r.rid: r for r in state.requests}
+    running = {r.rid for r in state.running}
+
+    assert len(decision.batch) <= config.max_batch
+    assert len(set(decision.batch)) == len(decision.batch) and set(decision.batch) <= set(by_id)
+    if config.adapter_slots is not None and decision.batch:
+        assert slots_used(decision, by_id) <= config.adapter_slots
+    assert decision.admit == tuple(rid for rid in decision.batch if rid not in running)
+    assert set(decision.pause) == running - set(decision.batch)
+    assert (decision.mode is Mode.UNMERGE) == (decision.adapter is None)
+    if decision.mode is Mode.MERGE:
+        assert all(by_id[rid].adapter == decision.adapter for rid in decision.batch)
+    if state.requests:
+        assert decision.batch, "a policy left the GPU idle with requests waiting"
+    for r in state.requests:
+        assert decision.credits[r.rid] >= state.now - r.arrival
+        assert (r.rid in decision.starving) == (decision.credits[r.rid] > config.theta)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from(policy_names()), state=states(), config=configs, cost=cost_models(), data=st.data()
+)
+def test_same_inputs_same_decision(name, state, config, cost, data):
+    """What every TP rank relies on: a fresh policy on an equal state, in any list order, agrees."""
+    decision = make_policy(name, config, cost).decide(state)
+    shuffled = dataclasses.replace(
+        state,
+        waiting=tuple(data.draw(st.permutations(state.waiting))),
+        running=tuple(data.draw(st.permutations(state.running))),
+        ranks=dict(reversed(list(state.ranks.items()))),
+    )
+    assert make_policy(name, config, cost).decide(shuffled) == decision
+    assert make_policy(name, config, cost).decide(state) == decision
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from(NO_STARVATION_BOUND), state=states(), config=configs, cost=cost_models())
+def test_starving_requests_come_first_in_slo_order(name, state, config, cost):
+    decision = make_policy(name, dataclasses.replace(config, adapter_slots=None), cost).decide(state)
+    starving = set(decision.starving)
+    head = decision.batch[: len(starving)]
+    if len(starving) <= config.max_batch:
+        assert set(head) == starving
+    else:
+        assert set(decision.batch) <= starving
+    slos = [
+        s.slo if s.slo is not None else math.inf
+        for s in (next(r for r in state.requests if r.rid == rid) for rid in head if rid in starving)
+    ]
+    assert slos == sorted(slos)
+
+
+@settings(max_examples=100, deadline=None)
+@given(state=states(), config=configs, cost=cost_models())
+def test_vlora_modes_follow_algorithm_1(state, config, cost):
+    decision = make_policy("vlora", config, cost).decide(state)
+    if not state.requests:
+        return
+    starving = len(decision.starving)
+    counts = [sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None]
+    dominant = 2 * max(counts) > config.max_batch
+    if dominant and starving == 0:
+        expected = Mode.MERGE
+    elif dominant and 2 * starving <= config.max_batch:
+        expected = Mode.MIXTURE
+    else:
+        expected = Mode.UNMERGE
+    event(f"mode {expected}")
+    assert decision.mode is expected
+    if expected is not Mode.UNMERGE:
+        assert sum(r.adapter == decision.adapter for r in state.requests) == max(counts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(tuple(n for n in policy_names() if n != "vlora")),
+    state=states(),
+    config=configs,
+    cost=cost_models(),
+)
+def test_only_vlora_uses_mixture(name, state, config, cost):
+    decision = make_policy(name, config, cost).decide(state)
+    assert decision.mode is not Mode.MIXTURE
+    if name == "unmerge-only":
+        assert decision.mode is Mode.UNMERGE
+
+
+# A serving simulation: one decision per iteration of ``dt`` seconds; a request in the
+# batch gains a token (its prefill gives the first). With at most ``max_batch`` requests
+# and enough adapter slots, nothing but the policy can keep a request waiting.
+
+
+@st.composite
+def workloads(draw):
+    """Arrivals within a few iterations of each other and theta a few iterations long, so
+    that requests of one adapter are still running when another's turn comes."""
+    dt = draw(st.floats(0.005, 0.2))
+    max_batch = draw(st.integers(1, 8))
+    choices = draw(st.lists(st.sampled_from(ADAPTERS), min_size=1, max_size=3, unique=True))
+    arrivals = [
+        (
+            draw(st.integers(0, 15)),
+            draw(st.sampled_from(choices)),
+            draw(st.integers(1, 64)),
+            draw(st.integers(1, 12)),
+            draw(st.none() | st.floats(0.05, 2.0)),
+        )
+        for _ in range(draw(st.integers(1, max_batch)))
+    ]
+    adapters = {adapter for _, adapter, *_ in arrivals}
+    config = PolicyConfig(
+        theta=dt * draw(st.floats(0.0, 10.0)),
+        max_batch=max_batch,
+        adapter_slots=draw(st.none() | st.integers(len(adapters), 6)),
+    )
+    return config, dt, arrivals
+
+
+# b runs alone, then two requests of a take the merge; b must not be left behind for long.
+B_THEN_TWO_A = (
+    PolicyConfig(theta=0.3, max_batch=3),
+    0.1,
+    [(0, "b", 8, 12, None), (2, "a", 8, 12, None), (2, "a", 8, 12, None)],
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(policy_names()), workload=workloads(), cost=cost_models())
+@example(name="vlora", workload=B_THEN_TWO_A, cost=cost_model())
+def test_no_request_waits_beyond_theta(name, workload, cost):
+    """Once ``now - arrival > theta`` a request runs in every iteration until it finishes,
+    so it first runs by ``arrival + theta + dt`` and ends by ``arrival + theta + out * dt``.
+
+    merge-only serves one adapter at a time and has no such bound; like every policy it
+    keeps the GPU busy, so all requests end within the total work after the last arrival.
+    """
+    config, dt, arrivals = workload
+    bounded = name in NO_STARVATION_BOUND
+    policy = make_policy(name, config, cost)
+    pending = {
+        f"r{i}": (step, adapter, prompt, out, slo)
+        for i, (step, adapter, prompt, out, slo) in enumerate(arrivals)
+    }
+    live: dict[str, Request] = {}
+    started: set[str] = set()
+    finished: dict[str, int] = {}
+    mode, merged = Mode.UNMERGE, None
+    last_arrival = max(step for step, *_ in arrivals)
+    total_work = sum(out for _, _, _, out, _ in arrivals)
+    for k in range(last_arrival + math.ceil(config.theta / dt) + total_work + 1):
+        now = k * dt
+        for rid, (step, adapter, prompt, out, slo) in list(pending.items()):
+            if step == k:
+                live[rid] = Request(rid, adapter, step * dt, prompt, out, slo=slo)
+                del pending[rid]
+        state = SchedulerState(
+            now,
+            tuple(r for r in live.values() if r.rid not in started),
+            tuple(r for r in live.values() if r.rid in started),
+            mode,
+            merged,
+            RANKS,
+        )
+        decision = policy.decide(state)
+        overdue = {r.rid for r in live.values() if now - r.arrival > config.theta}
+        if bounded:
+            assert overdue <= set(decision.batch), (
+                f"step {k}: overdue {overdue - set(decision.batch)} left out"
+            )
+        mode, merged = decision.mode, decision.adapter
+        for rid in decision.batch:
+            r = live[rid]
+            live[rid] = dataclasses.replace(
+                r, prefilled_tokens=r.prompt_tokens, output_tokens=r.output_tokens + 1
+            )
+            started.add(rid)
+            if live[rid].output_tokens == r.expected_output_tokens:
+                finished[rid] = k
+                del live[rid]
+    assert not live and not pending
+    for i, (step, _, _, out, _) in enumerate(arrivals):
+        assert finished[f"r{i}"] < last_arrival + total_work
+        if bounded:
+            assert finished[f"r{i}"] * dt - step * dt <= config.theta + out * dt + 1e-9
