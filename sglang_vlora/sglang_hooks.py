@@ -133,6 +133,12 @@ def _head_hooks() -> list[Hook]:
             head_hooks.logits_forward_around,
             "answer head requests from the last prompt token's final hidden state, in the same forward",
         ),
+        Hook(
+            "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._decode_response",
+            HookType.AROUND,
+            head_hooks.head_label_as_text_around,
+            "OpenAI chat completions: a head answer's message text is its label",
+        ),
     ]
 
 

@@ -14,7 +14,9 @@ scheduler. Then:
 3. scheduler, forward: after the logits, each head request's last prompt token's final
    hidden state goes through the head; label and top-k probabilities ride in the
    logits output's ``customized_info`` and reach the response's
-   ``meta_info["customized_info"]["vlora_head"]``.
+   ``meta_info["vlora_head"]``;
+4. OpenAI chat completions: the label is the message text (non-streaming), and the
+   structured answer is in ``choices[].meta_info`` when ``return_meta_info`` is set.
 """
 
 from __future__ import annotations
@@ -182,3 +184,13 @@ def logits_forward_around(original, self, input_ids, hidden_states, lm_head, log
             answers.append({"error": str(exc)})
     output.customized_info = {**(output.customized_info or {}), RESULT_KEY: answers}
     return output
+
+
+# --------------------------------------------------------------- OpenAI layer
+def head_label_as_text_around(original, self, ret_item: dict):
+    """AROUND ``OpenAIServingChat._decode_response``: a head answer's text is its label."""
+    answers = (ret_item.get("meta_info") or {}).get(RESULT_KEY) or []
+    answer = answers[0] if answers else None
+    if isinstance(answer, dict) and "label" in answer:
+        return answer["label"]
+    return original(self, ret_item)

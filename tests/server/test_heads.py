@@ -132,3 +132,22 @@ def test_head_of_the_wrong_width_fails_the_load(server, tmp_path):
     assert "hidden size 64" in response.text
     ok = httpx.post(server.url + "/generate", json=head_request(chat_text("x", False), "c32_head"), timeout=60)
     assert ok.status_code == 200
+
+
+def test_openai_chat_gets_the_label_as_text_and_the_structured_answer(server, head_adapter):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    image_url = "data:image/png;base64," + png_base64(make_image(seed=5))
+    reply = client.chat.completions.create(
+        model=f"{server.model_dir}:c32_head",
+        messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": "What is in the image?"},
+        ]}],
+        extra_body={"custom_params": {"vlora_head": True}, "return_meta_info": True},
+    )
+    choice = reply.choices[0]
+    answer = choice.meta_info["vlora_head"][0]
+    assert choice.message.content == answer["label"] in LABELS
+    assert reply.usage.completion_tokens == 1
