@@ -1,0 +1,120 @@
+"""One-pass fold on the GPU: ``out[l] = src[l] + scale * b[l] @ a[l]`` for all layers.
+
+The exact scheme merges from the pristine copy: ``W <- W0 + s B A``. With torch ops
+that is two passes over the weights (``copy_`` then ``baddbmm_``: read W0, write W,
+read W, write W). This Triton kernel reads each ``W0`` tile once, adds the rank-``r``
+product accumulated in fp32, rounds once and writes ``W``: the HBM floor of a
+switch (read and write every weight once). ``src`` may be ``out`` itself, which makes
+it an in-place batched GEMM as well.
+
+Any strides are accepted, so per-slice views of a fused qkv / gate_up stack work
+without a copy. Tile sizes are arguments (:class:`FoldConfig`); the benchmark
+(``bench/switch.py``) times the candidates on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 4
+
+
+@triton.jit
+def _fold_kernel(
+    out_ptr,
+    src_ptr,
+    b_ptr,
+    a_ptr,
+    scale,
+    M,
+    N,
+    R,
+    s_out_l,
+    s_out_m,
+    s_out_n,
+    s_src_l,
+    s_src_m,
+    s_src_n,
+    s_b_l,
+    s_b_m,
+    s_b_r,
+    s_a_l,
+    s_a_r,
+    s_a_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    layer = tl.program_id(2).to(tl.int64)
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rr = tl.arange(0, BLOCK_R)
+    mask_m, mask_n, mask_r = rm < M, rn < N, rr < R
+    b = tl.load(
+        b_ptr + layer * s_b_l + rm[:, None] * s_b_m + rr[None, :] * s_b_r,
+        mask=mask_m[:, None] & mask_r[None, :],
+        other=0.0,
+    )
+    a = tl.load(
+        a_ptr + layer * s_a_l + rr[:, None] * s_a_r + rn[None, :] * s_a_n,
+        mask=mask_r[:, None] & mask_n[None, :],
+        other=0.0,
+    )
+    tile = mask_m[:, None] & mask_n[None, :]
+    src = tl.load(src_ptr + layer * s_src_l + rm[:, None] * s_src_m + rn[None, :] * s_src_n, mask=tile)
+    acc = src.to(tl.float32) + scale * tl.dot(b, a)
+    tl.store(
+        out_ptr + layer * s_out_l + rm[:, None] * s_out_m + rn[None, :] * s_out_n,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=tile,
+    )
+
+
+def fold(
+    out: torch.Tensor,
+    src: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    scale: float,
+    config: FoldConfig | None = None,
+) -> torch.Tensor:
+    """``out[l] = src[l] + scale * b[l] @ a[l]`` with ``out``/``src`` ``[L, M, N]``,
+    ``b`` ``[L, M, R]``, ``a`` ``[L, R, N]``; one rounding per element. Returns
+    ``out``."""
+    cfg = config or FoldConfig()
+    layers, m, n = out.shape
+    r = a.shape[1]
+    if src.shape != out.shape or tuple(b.shape) != (layers, m, r) or tuple(a.shape) != (layers, r, n):
+        raise ValueError(
+            f"fold shapes: out {tuple(out.shape)}, src {tuple(src.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)}"
+        )
+    block_r = max(16, triton.next_power_of_2(r))
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), layers)
+    _fold_kernel[grid](
+        out,
+        src,
+        b,
+        a,
+        float(scale),
+        m,
+        n,
+        r,
+        *out.stride(),
+        *src.stride(),
+        *b.stride(),
+        *a.stride(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_R=block_r,
+        num_warps=cfg.num_warps,
+    )
+    return out
