@@ -24,13 +24,23 @@ class VLoRAEndpoint(RuntimeEndpoint):
     def __init__(self, base_url: str, adapter: str | None = None, **kwargs) -> None:
         super().__init__(base_url, **kwargs)
         self.adapter = adapter
+        self.head: bool | str = False
 
-    def using(self, adapter: str | None) -> VLoRAEndpoint:
-        """The same endpoint, bound to ``adapter`` (``None`` for the base model)."""
+    def using(self, adapter: str | None, head: bool | str = False) -> VLoRAEndpoint:
+        """The same endpoint, bound to ``adapter`` (``None`` for the base model).
+
+        ``head=True`` (or a task name) asks the adapter's task head on every request:
+        each ``sgl.gen`` then returns the head's label, computed from one forward pass.
+        """
         if adapter is not None and (not isinstance(adapter, str) or not adapter):
             raise ValueError(f"adapter must be a non-empty name or None, got {adapter!r}")
+        if head and adapter is None:
+            raise ValueError("a task head belongs to an adapter: name the adapter")
+        if not isinstance(head, (bool, str)):
+            raise ValueError(f"head must be True, False or a task name, got {head!r}")
         view = copy.copy(self)
         view.adapter = adapter
+        view.head = head
         return view
 
     def _add_images(self, s, data: dict) -> None:
@@ -44,3 +54,13 @@ class VLoRAEndpoint(RuntimeEndpoint):
             data["lora_path"] = [self.adapter] * len(batch)
         else:
             data["lora_path"] = self.adapter
+        if self.head:
+            params = data.setdefault("sampling_params", {})
+            params["custom_params"] = {**(params.get("custom_params") or {}), "vlora_head": self.head}
+
+    def generate(self, s, sampling_params):
+        comp, meta_info = super().generate(s, sampling_params)
+        answers = (meta_info or {}).get("vlora_head") or []
+        if self.head and answers and isinstance(answers[0], dict) and "label" in answers[0]:
+            return answers[0]["label"], meta_info
+        return comp, meta_info
