@@ -1,0 +1,419 @@
+"""LoRA kernel benchmark on one GPU: base GEMM plus batched LoRA, per method and cell.
+
+    python bench/kernels.py --check            # all shapes, ranks 8 16 64 128
+    python bench/kernels.py --shapes proj --ranks 64 --quick
+
+Methods: ``merged`` (the base GEMM alone: adapter folded into W), ``atmm`` (ours:
+graph-safe ``lora_apply_static`` in decode, ``lora_apply`` in prefill), SGLang's
+``triton`` and ``csgmv`` LoRA backend kernels (imported from the installed sglang;
+skipped if it is missing), ``bmm`` (tokens padded per adapter, cuBLAS batched GEMM,
+the dLoRA way). Each method's time includes the base GEMM; the table reports the
+extra over ``merged`` in % of ``merged``.
+
+Timing: each cell captures one CUDA graph that runs the method over enough
+independent copies of every tensor (weights, adapters, inputs, outputs: one "layer"
+each) to pass 5x the L2 size, so nothing is served from L2 that a model would not;
+time = median replay / copies. ``--check`` compares every method's LoRA delta in
+bf16 with an fp32 computation and reports the relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sglang_vlora.atmm import ops
+from sglang_vlora.atmm.static_items import StaticWorkItems
+from sglang_vlora.atmm.work_items import build_work_items
+
+SHAPES = {
+    "proj": (4096, (4096,)),
+    "qkv": (4096, (4096, 4096, 4096)),
+    "gate_up": (4096, (11008, 11008)),
+}
+DECODE = [(n, 1) for n in (1, 8, 32, 128)]  # (requests, tokens per request)
+PREFILL = [(4, 256), (4, 1024), (1, 8192)]
+SCALE = 0.5
+
+
+class Cell:
+    """One benchmark cell's tensors, ``copies`` times, and each method's call."""
+
+    def __init__(
+        self,
+        shape: str,
+        mode: str,
+        requests: int,
+        per_req: int,
+        adapters: int,
+        rank: int,
+    ):
+        self.shape, self.mode, self.rank = shape, mode, rank
+        self.requests, self.per_req = requests, per_req
+        self.d_in, widths = SHAPES[shape]
+        self.offsets = [0]
+        for w in widths:
+            self.offsets.append(self.offsets[-1] + w)
+        self.s = len(widths)
+        self.adapters = min(adapters, requests)
+        self.tokens = requests * per_req
+        # requests round-robin over adapters, tokens grouped by adapter
+        reqs_of = [len(range(a, requests, self.adapters)) for a in range(self.adapters)]
+        self.seg_lens = [n * per_req for n in reqs_of]
+        self.seg_starts = [sum(self.seg_lens[:a]) for a in range(self.adapters)]
+        self.slots = list(range(self.adapters))
+        self.ranks = [rank] * self.adapters
+        d_out = self.offsets[-1]
+        dev = "cuda"
+        per_copy = 2 * (
+            d_out * self.d_in
+            + 2 * self.adapters * rank * (self.d_in + d_out)
+            + (self.tokens + 1) * (self.d_in + d_out)
+        )
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+        self.copies = max(2, math.ceil(5 * l2 / per_copy))
+        bf = torch.bfloat16
+        self.sets = []
+        for _ in range(self.copies):
+            x = torch.randn(self.tokens + 1, self.d_in, device=dev, dtype=bf)
+            x[-1].zero_()  # padding row for bmm's gather
+            a = torch.randn(self.adapters, self.s * rank, self.d_in, device=dev)
+            b = torch.randn(self.adapters, d_out, rank, device=dev)
+            self.sets.append(
+                {
+                    "x": x,
+                    "w": (torch.randn(d_out, self.d_in, device=dev) / self.d_in**0.5).to(bf),
+                    "a": (a / self.d_in**0.5).to(bf),
+                    "b": (b / rank**0.5).to(bf),
+                    "out": torch.empty(self.tokens + 1, d_out, device=dev, dtype=bf),
+                }
+            )
+        self.items = build_work_items(
+            self.seg_starts,
+            self.seg_lens,
+            self.slots,
+            [SCALE] * self.adapters,
+            self.ranks,
+            device=dev,
+        )
+        self.static = StaticWorkItems.allocate(max(8, self.adapters), self.tokens, self.adapters, dev)
+        self.static.fill(self.items, self.tokens)
+        self._bmm_index()
+
+    # ---- methods: the LoRA part of each, on one copy; run() adds the base GEMM -------
+    def run(self, method: str, t: dict) -> None:
+        torch.mm(t["x"][: self.tokens], t["w"].t(), out=t["out"][: self.tokens])
+        if method != "merged":
+            getattr(self, "lora_" + method)(t)
+
+    def lora_atmm(self, t: dict) -> None:
+        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
+        if self.mode == "decode":
+            ops.lora_apply_static(x, t["a"], t["b"], self.static, self.offsets, out)
+        else:
+            ops.lora_apply(x, t["a"], t["b"], self.items, self.offsets, out)
+
+    def _batch_info(self, chunk: int | None):
+        from sglang.srt.lora.utils import LoRABatchInfo
+
+        dev = "cuda"
+        if chunk is None:  # triton backend: one segment per adapter group
+            lens = self.seg_lens
+            weights = self.slots
+        else:  # csgmv: adapter groups cut into chunks
+            lens, weights = [], []
+            for slot, n in zip(self.slots, self.seg_lens, strict=True):
+                k = math.ceil(n / chunk)
+                lens += [chunk] * (k - 1) + [n - chunk * (k - 1)]
+                weights += [slot] * k
+        indptr = [0]
+        for n in lens:
+            indptr.append(indptr[-1] + n)
+        i32 = {"dtype": torch.int32, "device": dev}
+        return LoRABatchInfo(
+            use_cuda_graph=False,
+            bs=len(lens),
+            num_segments=len(lens),
+            seg_indptr=torch.tensor(indptr, **i32),
+            weight_indices=torch.tensor(weights, **i32),
+            lora_ranks=torch.tensor(self.ranks, **i32),
+            scalings=torch.tensor([SCALE] * self.adapters, dtype=torch.float32, device=dev),
+            max_len=chunk or max(lens),
+            seg_lens=torch.tensor(lens, **i32),
+            permutation=None if chunk is None else torch.arange(self.tokens, **i32),
+        )
+
+    def lora_sglang_triton(self, t: dict) -> None:
+        from sglang.kernels.ops.lora.dense import (
+            gate_up_lora_b,
+            qkv_lora_b,
+            sgemm_lora_a,
+            sgemm_lora_b,
+        )
+
+        if not hasattr(self, "_tri_info"):
+            self._tri_info = self._batch_info(None)
+            self._off_dev = torch.tensor(self.offsets, dtype=torch.int32, device="cuda")
+        x, out, info = t["x"][: self.tokens], t["out"][: self.tokens], self._tri_info
+        inter = sgemm_lora_a.sgemm_lora_a_fwd(x, t["a"], info, stack_num=self.s)
+        if self.s == 1:
+            sgemm_lora_b.sgemm_lora_b_fwd(inter, t["b"], info, base_output=out)
+        elif self.s == 2:
+            gate_up_lora_b.gate_up_lora_b_fwd(inter, t["b"], info, self.offsets[1], base_output=out)
+        else:
+            width = max(b - a for a, b in zip(self.offsets, self.offsets[1:], strict=False))
+            qkv_lora_b.qkv_lora_b_fwd(inter, t["b"], info, self._off_dev, width, base_output=out)
+
+    def lora_sglang_csgmv(self, t: dict) -> None:
+        from sglang.kernels.ops.lora.dense.chunked_sgmv_expand import (
+            chunked_sgmv_lora_expand_forward,
+        )
+        from sglang.kernels.ops.lora.dense.chunked_sgmv_shrink import (
+            chunked_sgmv_lora_shrink_forward,
+        )
+
+        if not hasattr(self, "_cs_info"):
+            chunk = 128 if self.tokens >= 256 else 32 if self.tokens >= 64 else 16
+            self._cs_info = self._batch_info(chunk)
+            self._off_dev = torch.tensor(self.offsets, dtype=torch.int32, device="cuda")
+            self._off_cpu = torch.tensor(self.offsets, dtype=torch.int32)
+        x, out, info = t["x"][: self.tokens], t["out"][: self.tokens], self._cs_info
+        inter = chunked_sgmv_lora_shrink_forward(x, t["a"], info, num_slices=self.s)
+        width = max(b - a for a, b in zip(self.offsets, self.offsets[1:], strict=False))
+        chunked_sgmv_lora_expand_forward(
+            inter,
+            t["b"],
+            info,
+            self._off_dev,
+            width,
+            out,
+            slice_offsets_cpu=self._off_cpu,
+        )
+
+    def _bmm_index(self) -> None:
+        longest = max(self.seg_lens)
+        idx = torch.full((self.adapters, longest), self.tokens, dtype=torch.long)
+        for a, (start, n) in enumerate(zip(self.seg_starts, self.seg_lens, strict=True)):
+            idx[a, :n] = torch.arange(start, start + n)
+        self.bmm_idx = idx.cuda()
+        self.bmm_slots = torch.tensor(self.slots, device="cuda")
+
+    def lora_bmm(self, t: dict) -> None:
+        r, d_out = self.rank, self.offsets[-1]
+        xp = t["x"][self.bmm_idx]  # [adapters, longest, d_in], padded with the zero row
+        a = t["a"].index_select(0, self.bmm_slots)
+        b = t["b"].index_select(0, self.bmm_slots)
+        inter = torch.bmm(xp, a.transpose(1, 2))
+        delta = torch.empty(self.adapters, xp.shape[1], d_out, device="cuda", dtype=xp.dtype)
+        for s in range(self.s):
+            lo, hi = self.offsets[s], self.offsets[s + 1]
+            torch.bmm(
+                inter[:, :, s * r : (s + 1) * r],
+                b[:, lo:hi].transpose(1, 2),
+                out=delta[:, :, lo:hi],
+            )
+        t["out"].index_add_(0, self.bmm_idx.flatten(), delta.view(-1, d_out), alpha=SCALE)
+
+    # ---- measurement ----------------------------------------------------------------
+    def reference_delta(self, t: dict) -> torch.Tensor:
+        d = torch.zeros(self.tokens, self.offsets[-1], device="cuda")
+        x = t["x"].float()
+        for slot, start, n in zip(self.slots, self.seg_starts, self.seg_lens, strict=True):
+            xs = x[start : start + n]
+            for s in range(self.s):
+                lo, hi = self.offsets[s], self.offsets[s + 1]
+                mid = xs @ t["a"][slot, s * self.rank : (s + 1) * self.rank].float().T
+                d[start : start + n, lo:hi] = SCALE * mid @ t["b"][slot, lo:hi].float().T
+        return d
+
+    def rel_error(self, method: str) -> float:
+        """Relative error of the method's LoRA delta (bf16 output minus the bf16 base
+        GEMM) against an fp32 computation of the delta."""
+        t = self.sets[0]
+        t["out"].normal_()
+        self.run("merged", t)
+        base = t["out"][: self.tokens].float().clone()
+        getattr(self, "lora_" + method)(t)
+        got = t["out"][: self.tokens].float() - base
+        if not torch.isfinite(got).all():
+            return float("inf")
+        ref = self.reference_delta(t)
+        return ((got - ref).norm() / ref.norm()).item()
+
+    def time_us(self, method: str, iters: int) -> float:
+        for t in self.sets[:2]:
+            self.run(method, t)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            for t in self.sets:
+                self.run(method, t)
+        graph.replay()
+        graph.replay()
+        times = []
+        for _ in range(iters):
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / self.copies)
+        return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--ranks", nargs="+", type=int, default=[8, 16, 64, 128])
+    ap.add_argument("--adapters", nargs="+", type=int, default=[1, 4])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--check", action="store_true", help="bf16 error of every method vs fp32")
+    ap.add_argument("--quick", action="store_true", help="decode 8/32 and prefill 4x1024 only")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--tag", default="kernels")
+    args = ap.parse_args()
+    try:
+        import sglang
+
+        peers = ["sglang_triton", "sglang_csgmv"]
+        sglang_version = sglang.__version__
+    except ImportError:
+        peers, sglang_version = [], None
+    methods = ["merged", "atmm", *peers, "bmm"]
+    decode = [(8, 1), (32, 1)] if args.quick else DECODE
+    prefill = [(4, 1024)] if args.quick else PREFILL
+    rows = []
+    for shape in args.shapes:
+        for rank in args.ranks:
+            for mode, cells in (("decode", decode), ("prefill", prefill)):
+                for requests, per_req in cells:
+                    for adapters in args.adapters:
+                        if adapters > requests:
+                            continue
+                        cell = Cell(shape, mode, requests, per_req, adapters, rank)
+                        row = {
+                            "shape": shape,
+                            "mode": mode,
+                            "rank": rank,
+                            "requests": requests,
+                            "tokens": cell.tokens,
+                            "adapters": cell.adapters,
+                            "us": {},
+                            "err": {},
+                        }
+                        for name in methods:
+                            try:
+                                row["us"][name] = round(cell.time_us(name, args.iters), 2)
+                                if args.check and name != "merged":
+                                    row["err"][name] = round(cell.rel_error(name), 5)
+                            except Exception as exc:  # a failing peer must not stop the run
+                                row["us"][name] = None
+                                row["err"][name] = f"{type(exc).__name__}: {exc}"[:200]
+                        base = row["us"]["merged"]
+                        row["extra_pct"] = {
+                            n: None if row["us"][n] is None else round(100 * (row["us"][n] - base) / base, 1)
+                            for n in methods
+                            if n != "merged"
+                        }
+                        rows.append(row)
+                        print_row(row, methods)
+                        del cell
+                        torch.cuda.empty_cache()
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "sglang": sglang_version,
+        "python": platform.python_version(),
+        "command": " ".join(["python", "bench/kernels.py", *sys.argv[1:]]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    plot(rows, methods, meta, args.out / f"{args.tag}.png")
+    print(json.dumps(meta))
+    print_table(rows, methods)
+
+
+def print_row(row: dict, methods: list[str]) -> None:
+    extra = " ".join(f"{n}={row['extra_pct'][n]}%" for n in methods if n != "merged")
+    errs = " ".join(f"{k}={v}" for k, v in row["err"].items())
+    print(
+        f"{row['shape']} {row['mode']} r{row['rank']} tok={row['tokens']} ad={row['adapters']} "
+        f"merged={row['us']['merged']}us {extra} {errs}",
+        flush=True,
+    )
+
+
+def print_table(rows: list[dict], methods: list[str]) -> None:
+    others = [n for n in methods if n != "merged"]
+    head = "| shape | mode | rank | tokens | adapters | merged us | " + " | ".join(f"{n} %" for n in others)
+    print(head + " | atmm err |")
+    print("|" + "---|" * (head.count("|") + 1))
+    for r in rows:
+        cells = " | ".join("-" if r["extra_pct"][n] is None else f"{r['extra_pct'][n]:.1f}" for n in others)
+        err = r["err"].get("atmm", "")
+        print(
+            f"| {r['shape']} | {r['mode']} | {r['rank']} | {r['tokens']} | {r['adapters']} | "
+            f"{r['us']['merged']:.1f} | {cells} | {err} |"
+        )
+
+
+def plot(rows: list[dict], methods: list[str], meta: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
+    others = [n for n in methods if n != "merged"]
+    fig, axes = plt.subplots(
+        len(shapes),
+        1,
+        figsize=(max(8, len(rows) / len(shapes) * 0.45), 3.2 * len(shapes)),
+        squeeze=False,
+    )
+    for ax, shape in zip(axes[:, 0], shapes, strict=True):
+        sub = [r for r in rows if r["shape"] == shape]
+        width = 0.8 / len(others)
+        for i, n in enumerate(others):
+            ys = [max(r["extra_pct"][n] or 0.0, 0.1) for r in sub]
+            ax.bar([j + i * width for j in range(len(sub))], ys, width, label=n)
+        ax.set_yscale("log")
+        ax.set_ylabel("extra over merged, %")
+        ax.set_title(f"{shape}: {SHAPES[shape][0]} -> {'+'.join(map(str, SHAPES[shape][1]))}")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sub))])
+        ax.set_xticklabels(
+            [f"{r['mode'][0]}{r['tokens']}/a{r['adapters']}/r{r['rank']}" for r in sub],
+            rotation=90,
+            fontsize=6,
+        )
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        f"{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  {meta['date']}",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Public ATMM operators: LoRA over tokens grouped by work item.
+
+``lora_shrink`` computes ``x A^T`` per work item (rank ``r`` per slice, all slices
+stacked), ``lora_expand`` multiplies by ``B^T``, scales by the item's signed scale
+and accumulates into the base output, slice by slice. ``lora_apply`` does both.
+
+Dispatch: CPU tensors take the pure-torch path below, the reference every kernel is
+checked against. CUDA tensors take the Triton kernels with the tile config the
+adaptive-tiling table gives for the shape (:mod:`sglang_vlora.atmm.tiling`).
+
+Graph safety. ``lora_shrink`` / ``lora_expand`` / ``lora_apply`` size their launch
+grids from the host copies in :class:`WorkItems` (item count, longest segment, total
+rows): right in eager mode, wrong if captured in a CUDA graph and replayed with
+other items. Under CUDA graphs use ``lora_apply_static`` / ``lora_shrink_static`` /
+``lora_expand_static`` with a :class:`StaticWorkItems`: they read only its device
+buffers and size grids from static bounds (buffer capacity, ``x.shape[0]``,
+pool max rank), so any items written by ``StaticWorkItems.fill`` before a replay
+are computed correctly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_vlora.atmm.static_items import StaticWorkItems
+from sglang_vlora.atmm.work_items import WorkItems
+
+
+def _token_rows(items: WorkItems, i: int) -> torch.Tensor | slice:
+    start, length = items.seg_starts_host[i], items.seg_lens_host[i]
+    if items.permutation is None:
+        return slice(start, start + length)
+    return items.permutation[start : start + length]
+
+
+def lora_shrink(x: torch.Tensor, a_buffer: torch.Tensor, items: WorkItems, num_slices: int) -> torch.Tensor:
+    """Return ``[items.total_rows, num_slices * max_rank]``: row block ``i`` holds
+    ``x[tokens of item i] @ A[slot_i, :num_slices * r_i].T`` in its first
+    ``num_slices * r_i`` columns and zeros after them."""
+    _check_shrink_shapes(x, a_buffer)
+    if x.is_cuda:
+        return _shrink_kernel(x, a_buffer, items, num_slices)
+    out = torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    row = 0
+    for i in range(items.num_items):
+        length = items.seg_lens_host[i]
+        width = num_slices * items.ranks_host[items.slots_host[i]]
+        a = a_buffer[items.slots_host[i], :width]
+        out[row : row + length, :width] = x[_token_rows(items, i)] @ a.T
+        row += length
+    return out
+
+
+def lora_expand(
+    intermediate: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Accumulate ``scale_i * intermediate_i[:, slice s] @ B[slot_i, slice s, :r_i].T``
+    into ``output[tokens of item i, slice s]`` for every item and slice; returns
+    ``output`` (updated in place)."""
+    if output.is_cuda:
+        return _expand_kernel(intermediate, b_buffer, items, slice_offsets, output)
+    num_slices = len(slice_offsets) - 1
+    row = 0
+    for i in range(items.num_items):
+        length = items.seg_lens_host[i]
+        slot = items.slots_host[i]
+        rank = items.ranks_host[slot]
+        rows = _token_rows(items, i)
+        block = intermediate[row : row + length]
+        delta = torch.empty((length, slice_offsets[-1]), dtype=torch.float32, device=output.device)
+        for s in range(num_slices):
+            lo, hi = slice_offsets[s], slice_offsets[s + 1]
+            xs = block[:, s * rank : (s + 1) * rank].float()
+            delta[:, lo:hi] = xs @ b_buffer[slot, lo:hi, :rank].float().T
+        delta.mul_(items.scales_host[i])
+        if isinstance(rows, slice):
+            output[rows] += delta.to(output.dtype)
+        else:
+            output.index_add_(0, rows, delta.to(output.dtype))
+        row += length
+    return output
+
+
+def lora_apply(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Shrink then expand: ``output += sum_i scale_i * x_i A_i^T B_i^T`` per slice."""
+    num_slices = len(slice_offsets) - 1
+    if items.num_items == 0:
+        return output
+    if x.is_cuda:
+        _check_shrink_shapes(x, a_buffer)
+        inter = _shrink_kernel(x, a_buffer, items, num_slices, zero_fill=False)
+        return _expand_kernel(inter, b_buffer, items, slice_offsets, output)
+    intermediate = lora_shrink(x, a_buffer, items, num_slices)
+    return lora_expand(intermediate, b_buffer, items, slice_offsets, output)
+
+
+# ---- graph-safe entry points ----------------------------------------------------------
+
+
+def lora_apply_static(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """``lora_apply`` for CUDA-graph capture: reads only ``items``' device buffers.
+
+    The grid depends on ``x.shape[0]``, ``items.capacity``, ``items.max_layers`` and
+    the pool's shape, all fixed for one captured graph. Runs the Triton kernels
+    (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
+    """
+    num_slices = len(slice_offsets) - 1
+    inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
+    return lora_expand_static(inter, b_buffer, items, slice_offsets, output)
+
+
+def lora_shrink_static(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    num_slices: int,
+    zero_fill: bool = True,
+) -> torch.Tensor:
+    """Graph-safe shrink. Returns ``[items.max_rows(x.shape[0]), S * max_rank]`` in
+    ``x.dtype``; rows past the items' rows and columns past ``S * r`` are zero (or
+    unset with ``zero_fill=False``: expand never reads them)."""
+    from sglang_vlora.atmm import triton_kernels
+
+    _check_shrink_shapes(x, a_buffer)
+    m = x.shape[0]
+    cfg = _shrink_cfg(x, a_buffer.shape[2], a_buffer.shape[1], m)
+    alloc = torch.zeros if zero_fill else torch.empty
+    inter = alloc((items.max_rows(m), a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    triton_kernels.launch_shrink(
+        x,
+        a_buffer,
+        inter,
+        items.seg_starts,
+        items.seg_lens,
+        items.slots,
+        items.row_starts,
+        items.ranks,
+        items.permutation,
+        num_slices,
+        items.max_rows(m),
+        cfg,
+    )
+    return inter
+
+
+def lora_expand_static(
+    intermediate: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Graph-safe expand of a ``lora_shrink_static`` result into ``output``."""
+    from sglang_vlora.atmm import triton_kernels
+
+    num_slices = len(slice_offsets) - 1
+    m = output.shape[0]
+    rank = b_buffer.shape[2]
+    cfg = _expand_cfg(output, slice_offsets[-1], num_slices, rank, m)
+    triton_kernels.launch_expand(
+        intermediate,
+        b_buffer,
+        output,
+        items.seg_starts,
+        items.seg_lens,
+        items.slots,
+        items.scales,
+        items.row_starts,
+        items.layers,
+        items.max_layers,
+        items.ranks,
+        items.permutation,
+        slice_offsets,
+        m,
+        cfg,
+    )
+    return output
+
+
+# ---- kernel dispatch helpers ------------------------------------------------------------
+
+
+def _check_shrink_shapes(x: torch.Tensor, a_buffer: torch.Tensor) -> None:
+    if x.dim() != 2 or a_buffer.dim() != 3 or a_buffer.shape[2] != x.shape[1]:
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)}, A {tuple(a_buffer.shape)}")
+
+
+def _device_name(t: torch.Tensor) -> str:
+    from sglang_vlora.atmm import tiling
+
+    if not t.is_cuda:
+        return "cpu"
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return tiling.device_name(index)
+
+
+def _shrink_cfg(x: torch.Tensor, k: int, n: int, m: int):
+    from sglang_vlora.atmm import tiling
+
+    return tiling.shrink_config(_device_name(x), k, n, m)
+
+
+def _expand_cfg(output: torch.Tensor, n: int, s: int, r: int, m: int):
+    from sglang_vlora.atmm import tiling
+
+    return tiling.expand_config(_device_name(output), n, s, r, m)
+
+
+def _items_max_rank(items: WorkItems) -> int:
+    return max(items.ranks_host[slot] for slot in items.slots_host)
+
+
+def _shrink_kernel(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    items: WorkItems,
+    num_slices: int,
+    zero_fill: bool = True,
+) -> torch.Tensor:
+    from sglang_vlora.atmm import triton_kernels
+
+    n_cols = a_buffer.shape[1]
+    if items.num_items == 0:
+        return torch.zeros((items.total_rows, n_cols), dtype=x.dtype, device=x.device)
+    cfg = _shrink_cfg(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
+    alloc = torch.zeros if zero_fill else torch.empty
+    inter = alloc((items.total_rows, n_cols), dtype=x.dtype, device=x.device)
+    triton_kernels.launch_shrink(
+        x,
+        a_buffer,
+        inter,
+        items.seg_starts,
+        items.seg_lens,
+        items.slots,
+        items.row_starts,
+        items.ranks,
+        items.permutation,
+        num_slices,
+        items.total_rows,
+        cfg,
+    )
+    return inter
+
+
+def _expand_kernel(
+    inter: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    from sglang_vlora.atmm import triton_kernels
+
+    if items.num_items == 0:
+        return output
+    num_slices = len(slice_offsets) - 1
+    cfg = _expand_cfg(output, slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
+    triton_kernels.launch_expand(
+        inter,
+        b_buffer,
+        output,
+        items.seg_starts,
+        items.seg_lens,
+        items.slots,
+        items.scales,
+        items.row_starts,
+        items.layers,
+        items.num_layers,
+        items.ranks,
+        items.permutation,
+        slice_offsets,
+        min(items.total_rows, output.shape[0]),
+        cfg,
+    )
+    return output

@@ -1,0 +1,211 @@
+"""Adaptive tiling: tile configs, the hardware-limited search space, per-device tables
+and the runtime lookup (paper §4.3.2, Appendix B).
+
+Shape keys. ``shrink`` depends on ``(k, n, m)``: ``k = d_in``, ``n = S * rank``,
+``m`` = tokens. ``expand`` depends on ``(n, s, r, m)``: ``n = d_out`` over all slices,
+``s`` = number of slices, ``r`` = rank, ``m`` = tokens.
+
+Nearest-shape rule, applied one field at a time (shrink: ``k, n, m``; expand:
+``s, n, r, m``), each narrowing the entries to those that match the chosen value:
+
+* model dims (``k``, ``n`` of expand): the tuned value closest in ``log2`` (ties: the
+  larger);
+* ``s``: the same slice count if tuned, else the closest in ``log2``;
+* rank-like and token dims (``n`` of shrink, ``r``, ``m``): the smallest tuned value
+  ``>=`` the asked one, else the largest tuned value (a config tuned for more rows or
+  columns covers fewer; the reverse can leave a grid too small).
+
+No table for the device, or no entry for the op: :func:`default_shrink` /
+:func:`default_expand`. Lookups are cached per (device, op, key), cost well under 2 us
+once warm and never touch the GPU.
+
+Tables are JSON files in ``tables/`` named after ``torch.cuda.get_device_name()``
+(``_`` for anything but letters and digits); ``SGLANG_VLORA_ATMM_TABLE_DIR`` adds a
+directory searched first.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TABLE_DIR = Path(__file__).parent / "tables"
+
+
+@dataclass(frozen=True)
+class ShrinkConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _pow2_at_least(value: int, floor: int = 16) -> int:
+    return max(floor, 1 << max(0, math.ceil(math.log2(max(value, 1)))))
+
+
+def shrink_smem_bytes(cfg: ShrinkConfig, elem_bytes: int = 2) -> int:
+    """Shared memory of the pipelined x and A tiles."""
+    return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
+
+
+def expand_smem_bytes(cfg: ExpandConfig, elem_bytes: int = 2) -> int:
+    return max(cfg.num_stages, 1) * (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
+
+
+def is_valid_tile(*dims: int) -> bool:
+    """Hardware rule of the search: every tile dim a power of two and at least 16."""
+    return all(d >= 16 and d & (d - 1) == 0 for d in dims)
+
+
+def default_shrink(k: int, n: int, m: int) -> ShrinkConfig:
+    """Untuned fallback: small row tiles for few tokens, split-K when the grid is small."""
+    block_m = min(_pow2_at_least(m), 64)
+    block_n = min(_pow2_at_least(n), 64)
+    programs = math.ceil(m / block_m) * math.ceil(n / block_n)
+    split_k = 1
+    while programs * split_k < 64 and k // (split_k * 2) >= 512:
+        split_k *= 2
+    return ShrinkConfig(block_m, block_n, 128 if m <= 64 else 64, split_k, 4, 3)
+
+
+def default_expand(n: int, s: int, r: int, m: int) -> ExpandConfig:
+    block_m = min(_pow2_at_least(m), 64)
+    block_k = min(_pow2_at_least(r), 64)
+    return ExpandConfig(block_m, 64 if m <= 64 else 128, block_k, 4, 2)
+
+
+def shrink_candidates(
+    k: int, n: int, m: int, sm_count: int = 132, smem_limit: int = 227 * 1024
+) -> Iterator[ShrinkConfig]:
+    """Search space of one shrink shape.
+
+    Stage 1 varies the tile shape and split-K (4 warps, 3 stages); stage 2 (see
+    :mod:`sglang_vlora.atmm.tune`) varies warps and stages of stage 1's best tiles.
+    Row tiles no larger than the tokens need (and not 16 from 128 tokens up), column
+    tiles between an eighth of and all of ``S * r`` (rounded up to a power of two),
+    split-K only while the grid keeps at most two programs per SM and every split
+    keeps two K tiles.
+    """
+    max_m, max_n = _pow2_at_least(m), _pow2_at_least(n)
+    for bm, bn, bk in itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (64, 128, 256)):
+        if bm > max_m or bn > max_n or bn < max_n // 8 or (m >= 128 and bm == 16):
+            continue
+        programs = math.ceil(m / bm) * math.ceil(n / bn)
+        for split in (1, 2, 4, 8, 16):
+            if split > 1 and (programs * split > 2 * sm_count or k < 2 * split * bk):
+                continue
+            cfg = ShrinkConfig(bm, bn, bk, split, 4, 3)
+            if is_valid_tile(bm, bn, bk) and shrink_smem_bytes(cfg) <= smem_limit:
+                yield cfg
+
+
+def expand_candidates(n: int, s: int, r: int, m: int, smem_limit: int = 227 * 1024) -> Iterator[ExpandConfig]:
+    """Stage-1 search space of one expand shape (4 warps, 2 stages)."""
+    max_m, max_k = _pow2_at_least(m), _pow2_at_least(r)
+    for bm, bn, bk in itertools.product((16, 32, 64, 128), (32, 64, 128, 256), (16, 32, 64)):
+        if bm > max_m or bk > max_k:
+            continue
+        cfg = ExpandConfig(bm, bn, bk, 4, 2)
+        if is_valid_tile(bm, bn, bk) and expand_smem_bytes(cfg) <= smem_limit:
+            yield cfg
+
+
+def launch_variants(cfg: ShrinkConfig | ExpandConfig, smem_limit: int) -> list:
+    """Stage 2: the same tiles with 4 or 8 warps and 1 to 4 pipeline stages."""
+    out = []
+    for warps, stages in itertools.product((4, 8), (1, 2, 3, 4)):
+        cand = type(cfg)(**{**asdict(cfg), "num_warps": warps, "num_stages": stages})
+        smem = shrink_smem_bytes(cand) if isinstance(cand, ShrinkConfig) else expand_smem_bytes(cand)
+        if smem <= smem_limit and (warps == 4 or cfg.block_m * cfg.block_n >= 64 * 64):
+            out.append(cand)
+    return out
+
+
+# ---- tables -------------------------------------------------------------------------
+
+# How each key field is matched when the exact value was not tuned.
+_RULES = {
+    "shrink": {"k": "log", "n": "ceil", "m": "ceil"},
+    "expand": {"s": "log", "n": "log", "r": "ceil", "m": "ceil"},
+}
+
+
+def table_filename(device_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json"
+
+
+def _table_paths(device_name: str) -> list[Path]:
+    dirs = [Path(p) for p in os.environ.get("SGLANG_VLORA_ATMM_TABLE_DIR", "").split(":") if p]
+    return [d / table_filename(device_name) for d in [*dirs, TABLE_DIR]]
+
+
+@functools.cache
+def load_table(device_name: str) -> dict[str, Any] | None:
+    """The first table found for ``device_name``, or None."""
+    for path in _table_paths(device_name):
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def _pick(values: set[int], want: int, rule: str) -> int:
+    if want in values:
+        return want
+    if rule == "ceil":
+        above = [v for v in values if v >= want]
+        return min(above) if above else max(values)
+    return min(values, key=lambda v: (abs(math.log2(max(v, 1)) - math.log2(max(want, 1))), -v))
+
+
+def nearest_entry(entries: list[dict[str, Any]], op: str, key: dict[str, int]) -> dict | None:
+    """Apply the nearest-shape rule (module docstring) to a table's entries of ``op``."""
+    rules = _RULES[op]
+    for field, rule in rules.items():
+        if not entries:
+            return None
+        chosen = _pick({e[field] for e in entries}, key[field], rule)
+        entries = [e for e in entries if e[field] == chosen]
+    return entries[0] if entries else None
+
+
+@functools.lru_cache(maxsize=65536)
+def shrink_config(device_name: str, k: int, n: int, m: int) -> ShrinkConfig:
+    table = load_table(device_name)
+    entry = nearest_entry(table.get("shrink", []), "shrink", {"k": k, "n": n, "m": m}) if table else None
+    return ShrinkConfig(**entry["config"]) if entry else default_shrink(k, n, m)
+
+
+@functools.lru_cache(maxsize=65536)
+def expand_config(device_name: str, n: int, s: int, r: int, m: int) -> ExpandConfig:
+    table = load_table(device_name)
+    key = {"n": n, "s": s, "r": r, "m": m}
+    entry = nearest_entry(table.get("expand", []), "expand", key) if table else None
+    return ExpandConfig(**entry["config"]) if entry else default_expand(n, s, r, m)
+
+
+@functools.cache
+def device_name(index: int) -> str:
+    """``torch.cuda.get_device_name``, cached (it is the table key)."""
+    import torch
+
+    return torch.cuda.get_device_name(index)

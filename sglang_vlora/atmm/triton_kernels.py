@@ -1,0 +1,431 @@
+"""Triton ATMM kernels: LoRA shrink and expand over work items, tile shape as arguments.
+
+Both kernels read only device tensors (segment starts and lengths, slots, scales,
+row starts, layers, ranks, permutation) and static integers. Row tiles are
+scheduled flat: program ``t`` finds its item and row tile from a prefix sum of
+``cdiv(seg_len, BLOCK_M)`` over the items (one vector load per program), so the grid
+needs only the static bound ``cdiv(row_bound, BLOCK_M) + n_items`` row tiles, however
+the rows are spread over items. Programs past the last tile, or whose tile lies
+outside their item's rank or slice, exit at once. A grid captured in a CUDA graph
+therefore stays correct at replay for any items written into the same buffers, as
+long as the bounds hold.
+
+Layouts (see :mod:`sglang_vlora.atmm.work_items`): ``x[tokens, d_in]``,
+``A[slot, S * max_rank, d_in]``, ``B[slot, d_out_total, max_rank]``; the
+intermediate is ``[rows, S * max_rank]`` in the activation dtype, one row per
+(item, token). Split-K shrink sums its fp32 partials inside the kernel (the last
+split of a tile to finish does it), so expand reads one intermediate. The launchers here take tile configs and raw tensors; choosing the
+config is :mod:`sglang_vlora.atmm.tiling`'s job.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+
+
+@triton.jit
+def _find_tile(
+    t,
+    seg_lens_ptr,
+    layers_ptr,
+    layer,
+    n_items,
+    CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHECK_LAYER: tl.constexpr,
+):
+    """Map flat row tile ``t`` to ``(item, row tile in item, seg_len)``; item is
+    ``n_items`` past the last tile. Items of other layers (with CHECK_LAYER) and
+    empty items own no tiles."""
+    idx = tl.arange(0, CAP)
+    valid = idx < n_items
+    lens = tl.load(seg_lens_ptr + idx, mask=valid, other=0)
+    if CHECK_LAYER:
+        lens = tl.where(tl.load(layers_ptr + idx, mask=valid, other=-1) == layer, lens, 0)
+    tiles = (lens + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(tiles, 0)
+    item = tl.sum((ends <= t).to(tl.int32), 0)
+    here = idx == item
+    first = tl.sum(tl.where(here, ends - tiles, 0), 0)
+    return item, t - first, tl.sum(tl.where(here, lens, 0), 0)
+
+
+@triton.jit(do_not_specialize=["K", "n_tiles", "num_slices", "n_items"])
+def _shrink_kernel(
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    seg_starts_ptr,
+    seg_lens_ptr,
+    slots_ptr,
+    row_starts_ptr,
+    ranks_ptr,
+    perm_ptr,
+    K,
+    n_tiles,
+    stride_xm,
+    stride_xk,
+    stride_as,
+    stride_an,
+    stride_ak,
+    stride_om,
+    stride_ps,
+    stride_pm,
+    num_slices,
+    n_items,
+    CAP: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_n = pid % n_tiles
+    item, pid_m, seg_len = _find_tile(
+        pid // n_tiles, seg_lens_ptr, seg_lens_ptr, 0, n_items, CAP, BLOCK_M, False
+    )
+    if item >= n_items:
+        return
+    slot = tl.load(slots_ptr + item).to(tl.int64)
+    width = tl.load(ranks_ptr + slot) * num_slices
+    if pid_n * BLOCK_N >= width:
+        return
+    seg_start = tl.load(seg_starts_ptr + item)
+    row_start = tl.load(row_starts_ptr + item)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < seg_len
+    tokens = seg_start + offs_m
+    if HAS_PERM:
+        tokens = tl.load(perm_ptr + tokens, mask=m_mask, other=0)
+    tokens = tokens.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < width
+
+    k_span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    offs_k = pid_k * k_span + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    a_ptrs = a_ptr + slot * stride_as + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, k_span, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            at = tl.load(a_ptrs, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k + k < K
+            xt = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+        acc += tl.dot(xt, at)
+        x_ptrs += BLOCK_K * stride_xk
+        a_ptrs += BLOCK_K * stride_ak
+
+    rows = (row_start + offs_m).to(tl.int64)
+    if EVEN_N:  # columns in [S*r, pool width) get the zeros of masked A rows: vector stores
+        mask = m_mask[:, None]
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Split-K: each split stores an fp32 partial; the last split of this tile to
+        # arrive (per-tile counter) sums the partials in split order, so the result is
+        # deterministic, stores it and re-arms the counter for the next launch.
+        part_ptrs = part_ptr + rows[:, None] * stride_pm + offs_n[None, :]
+        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):
+                total += tl.load(part_ptrs + split * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(count_ptr + pid, 0)
+
+
+@triton.jit(do_not_specialize=["layer", "off0", "off1", "off2", "off3", "n_tiles", "n_items"])
+def _expand_kernel(
+    inter_ptr,
+    b_ptr,
+    out_ptr,
+    seg_starts_ptr,
+    seg_lens_ptr,
+    slots_ptr,
+    scales_ptr,
+    row_starts_ptr,
+    layers_ptr,
+    ranks_ptr,
+    perm_ptr,
+    layer,
+    off0,
+    off1,
+    off2,
+    off3,
+    n_tiles,
+    stride_im,
+    stride_ik,
+    stride_bs,
+    stride_bn,
+    stride_bk,
+    stride_om,
+    stride_on,
+    n_items,
+    CAP: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    CHECK_LAYER: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_per_m = NUM_SLICES * n_tiles
+    s = (pid % tiles_per_m) // n_tiles
+    pid_n = pid % n_tiles
+    item, pid_m, seg_len = _find_tile(
+        pid // tiles_per_m, seg_lens_ptr, layers_ptr, layer, n_items, CAP, BLOCK_M, CHECK_LAYER
+    )
+    if item >= n_items:
+        return
+    # Slice bounds from the static offsets: slice s covers output columns [lo, hi).
+    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, off2))
+    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, off3))
+    if pid_n * BLOCK_N >= hi - lo:
+        return
+    if ALIGNED:  # every slice offset is a multiple of 16: vector access of the output
+        lo = tl.multiple_of(lo, 16)
+        hi = tl.multiple_of(hi, 16)
+    slot = tl.load(slots_ptr + item).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    scale = tl.load(scales_ptr + item)
+    seg_start = tl.load(seg_starts_ptr + item)
+    row_start = tl.load(row_starts_ptr + item)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < seg_len
+    tokens = seg_start + offs_m
+    if HAS_PERM:
+        tokens = tl.load(perm_ptr + tokens, mask=m_mask, other=0)
+    tokens = tokens.to(tl.int64)
+    rows = (row_start + offs_m).to(tl.int64)
+    offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    offs_k = tl.arange(0, BLOCK_K)
+
+    i_ptrs = inter_ptr + rows[:, None] * stride_im + (s * rank + offs_k)[None, :] * stride_ik
+    b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Whole K tiles without a rank mask (vector loads of B), then the masked tail.
+    full = rank - rank % BLOCK_K
+    for _ in range(0, full, BLOCK_K):
+        acc = _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, offs_k, False)
+        i_ptrs += BLOCK_K * stride_ik
+        b_ptrs += BLOCK_K * stride_bk
+    if full < rank:
+        k_mask = offs_k < rank - full
+        acc = _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, True)
+
+    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = m_mask[:, None] & n_mask[None, :]
+    base = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, (base + acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, MASK_K: tl.constexpr):
+    """One K tile of expand: ``acc += inter_tile @ B_tile``."""
+    if MASK_K:
+        i_mask = m_mask[:, None] & k_mask[None, :]
+        b_mask = n_mask[None, :] & k_mask[:, None]
+    else:
+        i_mask = m_mask[:, None]
+        b_mask = n_mask[None, :]
+    it = tl.load(i_ptrs, mask=i_mask, other=0.0)
+    bt = tl.load(b_ptrs, mask=b_mask, other=0.0)
+    return acc + tl.dot(it.to(bt.dtype), bt)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _cap(n_items: int) -> int:
+    """Vector width of the tile search: a power of two >= the item count."""
+    return max(16, 1 << (n_items - 1).bit_length())
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+COUNTER_SLOTS = 1 << 20
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """Per-device split-K arrival counters: zeroed once, re-armed by the kernel.
+
+    Allocated on first use, which must not be inside CUDA-graph capture (warm up
+    first, as every graph user does). Launches that use split-K must not run
+    concurrently on several streams of one device.
+    """
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def launch_shrink(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    out: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_lens: torch.Tensor,
+    slots: torch.Tensor,
+    row_starts: torch.Tensor,
+    ranks: torch.Tensor,
+    permutation: torch.Tensor | None,
+    num_slices: int,
+    row_bound: int,
+    config: ShrinkConfig,
+) -> None:
+    """Write ``x[tokens of item] @ A[slot, :S*r].T`` into ``out[rows of item, :S*r]``.
+
+    ``out`` is ``[rows, S * max_rank]`` (contiguous rows); rows of no item are left
+    untouched, columns at and past ``S * r_slot`` untouched or zero. ``row_bound`` is a
+    static upper bound on the sum of ``seg_lens``; the item count is ``seg_lens.numel()``
+    (entries with length 0 do nothing).
+    """
+    n_items = seg_lens.numel()
+    if n_items == 0 or row_bound == 0:
+        return
+    n_max = a_buffer.shape[1]
+    if out.dim() != 2 or out.shape[1] != n_max or out.stride(1) != 1:
+        raise ValueError(f"shrink output must be [rows, {n_max}] with contiguous rows")
+    k_dim = x.shape[1]
+    n_tiles = _cdiv(n_max, config.block_n)
+    grid = ((_cdiv(row_bound, config.block_m) + n_items) * n_tiles, config.split_k)
+    if config.split_k > 1:
+        if grid[0] > COUNTER_SLOTS:
+            raise ValueError(f"{grid[0]} split-K tiles exceed {COUNTER_SLOTS} counters")
+        partials = torch.empty((config.split_k, *out.shape), dtype=torch.float32, device=out.device)
+        counters = split_counters(out.device)
+    else:
+        partials = counters = out
+    _shrink_kernel[grid](
+        x,
+        a_buffer,
+        out,
+        partials,
+        counters,
+        seg_starts,
+        seg_lens,
+        slots,
+        row_starts,
+        ranks,
+        seg_starts if permutation is None else permutation,
+        k_dim,
+        n_tiles,
+        x.stride(0),
+        x.stride(1),
+        a_buffer.stride(0),
+        a_buffer.stride(1),
+        a_buffer.stride(2),
+        out.stride(0),
+        partials.stride(0) if config.split_k > 1 else 0,
+        partials.stride(1) if config.split_k > 1 else 0,
+        num_slices,
+        n_items,
+        CAP=_cap(n_items),
+        HAS_PERM=permutation is not None,
+        EVEN_K=k_dim % (config.split_k * config.block_k) == 0,
+        EVEN_N=n_max % config.block_n == 0,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        SPLIT_K=config.split_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def launch_expand(
+    inter: torch.Tensor,
+    b_buffer: torch.Tensor,
+    output: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_lens: torch.Tensor,
+    slots: torch.Tensor,
+    scales: torch.Tensor,
+    row_starts: torch.Tensor,
+    layers: torch.Tensor | None,
+    num_layers: int,
+    ranks: torch.Tensor,
+    permutation: torch.Tensor | None,
+    slice_offsets: list[int] | tuple[int, ...],
+    row_bound: int,
+    config: ExpandConfig,
+) -> None:
+    """``output[tokens, slice s] += scale * inter[rows, s*r:(s+1)*r] @ B[slot, slice s, :r].T``.
+
+    ``inter`` is ``[rows, >= S * max_rank]``.
+    One launch per layer (``num_layers`` is a static bound; each launch schedules only
+    its layer's items), so items that share tokens never update the same output
+    concurrently. ``row_bound`` bounds the rows of one layer (at most the tokens).
+    """
+    n_items = seg_lens.numel()
+    num_slices = len(slice_offsets) - 1
+    if not 1 <= num_slices <= 3:
+        raise ValueError(f"1 to 3 slices are supported, got {num_slices}")
+    if n_items == 0 or row_bound == 0:
+        return
+    offs = [int(o) for o in slice_offsets] + [int(slice_offsets[-1])] * (4 - len(slice_offsets))
+    max_width = max(offs[i + 1] - offs[i] for i in range(num_slices))
+    n_tiles = _cdiv(max_width, config.block_n)
+    grid = ((_cdiv(row_bound, config.block_m) + n_items) * num_slices * n_tiles,)
+    check_layer = num_layers > 1
+    for layer in range(num_layers):
+        _expand_kernel[grid](
+            inter,
+            b_buffer,
+            output,
+            seg_starts,
+            seg_lens,
+            slots,
+            scales,
+            row_starts,
+            layers if check_layer else seg_lens,
+            ranks,
+            seg_starts if permutation is None else permutation,
+            layer,
+            offs[0],
+            offs[1],
+            offs[2],
+            offs[3],
+            n_tiles,
+            inter.stride(0),
+            inter.stride(1),
+            b_buffer.stride(0),
+            b_buffer.stride(1),
+            b_buffer.stride(2),
+            output.stride(0),
+            output.stride(1),
+            n_items,
+            CAP=_cap(n_items),
+            NUM_SLICES=num_slices,
+            HAS_PERM=permutation is not None,
+            CHECK_LAYER=check_layer,
+            ALIGNED=all(o % 16 == 0 for o in offs),
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )

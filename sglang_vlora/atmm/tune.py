@@ -1,0 +1,439 @@
+"""Offline profile-based tiling search (paper §4.3.2, Appendix B, Algorithm 2).
+
+For every shape of the grid (each layer's dims and slice count, each rank, each token
+count) it times every candidate tile config of the shrink and the expand kernel on
+the current GPU and writes the best of each to a table::
+
+    python -m sglang_vlora.atmm.tune --model qwen2-vl-7b llava-1.5-7b \\
+        --ranks 8 16 32 64 128 --max-tokens 8192
+
+Search in two stages per shape: stage 1 times the tile shapes (and split-K) at
+default warps/stages, stage 2 times warps x stages for stage 1's three best tiles.
+Candidates compile in worker processes first (Triton's disk cache is shared), so the
+timing loop in this process measures only. Timing: CUDA-graph replays of ``--reps``
+launches, median of ``--iters`` replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing as mp
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglang_vlora.atmm import tiling, triton_kernels
+from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+
+# Layer shapes as (d_in, output widths of the stacked slices).
+MODELS: dict[str, list[tuple[int, tuple[int, ...]]]] = {
+    "qwen2-vl-7b": [
+        (3584, (3584, 512, 512)),  # qkv_proj
+        (3584, (3584,)),  # o_proj
+        (3584, (18944, 18944)),  # gate_up_proj
+        (18944, (3584,)),  # down_proj
+    ],
+    "llava-1.5-7b": [
+        (4096, (4096, 4096, 4096)),
+        (4096, (4096,)),
+        (4096, (11008, 11008)),
+        (11008, (4096,)),
+    ],
+}
+DEFAULT_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+Shape = tuple  # ("shrink", k, n, m) or ("expand", n, s, r, m, widths)
+
+
+def parse_layer(spec: str) -> tuple[int, tuple[int, ...]]:
+    """``D_IN:OUT[,OUT[,OUT]]``, e.g. ``4096:4096,1024,1024`` for a GQA qkv_proj."""
+    d_in, outs = spec.split(":")
+    return int(d_in), tuple(int(o) for o in outs.split(","))
+
+
+def build_shapes(
+    layers: list[tuple[int, tuple[int, ...]]], ranks: list[int], tokens: list[int]
+) -> list[Shape]:
+    """Distinct kernel shapes in the order of ``layers`` (a budget cuts the last)."""
+    shapes: dict[Shape, None] = {}
+    for d_in, widths in layers:
+        s = len(widths)
+        for r in ranks:
+            for m in tokens:
+                shapes[("shrink", d_in, s * r, m)] = None
+                shapes[("expand", sum(widths), s, r, m, widths)] = None
+    return list(shapes)
+
+
+class Problem:
+    """Random inputs of one shape: ``min(4, m)`` items of rank ``r`` over ``m`` tokens."""
+
+    def __init__(self, shape: Shape, dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
+        self.shape = shape
+        op = shape[0]
+        if op == "shrink":
+            _, k, n, m = shape
+            s, r = 1, n
+        else:
+            _, _, s, r, m, widths = shape
+        n_items = min(4, m)
+        lens = [m // n_items + (i < m % n_items) for i in range(n_items)]
+        starts = [sum(lens[:i]) for i in range(n_items)]
+        slots = list(range(1, n_items + 1))
+        self.items = _device_items(starts, lens, slots, [1.0] * n_items, [0] + [r] * n_items, device)
+        self.m = m
+        if op == "shrink":
+            self.x = torch.randn(m, k, dtype=dtype, device=device)
+            self.a = torch.randn(n_items + 1, n, k, dtype=dtype, device=device) / k**0.5
+            self.inter = torch.empty(m, n, dtype=dtype, device=device)
+        else:
+            offsets = [0]
+            for w in widths:
+                offsets.append(offsets[-1] + w)
+            self.offsets = offsets
+            self.inter = torch.randn(m, s * r, dtype=dtype, device=device)
+            self.b = torch.randn(n_items + 1, offsets[-1], r, dtype=dtype, device=device) / r**0.5
+            self.out = torch.randn(m, offsets[-1], dtype=dtype, device=device)
+
+    def launcher(self, cfg: ShrinkConfig | ExpandConfig) -> Callable[[], None]:
+        it = self.items
+        if self.shape[0] == "shrink":
+            out = self.inter
+            return lambda: triton_kernels.launch_shrink(
+                self.x,
+                self.a,
+                out,
+                it.seg_starts,
+                it.seg_lens,
+                it.slots,
+                it.row_starts,
+                it.ranks,
+                None,
+                1,
+                it.total_rows,
+                cfg,
+            )
+        return lambda: triton_kernels.launch_expand(
+            self.inter,
+            self.b,
+            self.out,
+            it.seg_starts,
+            it.seg_lens,
+            it.slots,
+            it.scales,
+            it.row_starts,
+            None,
+            1,
+            it.ranks,
+            None,
+            self.offsets,
+            it.total_rows,
+            cfg,
+        )
+
+
+def _device_items(starts, lens, slots, scales, ranks, device):
+    from sglang_vlora.atmm.work_items import build_work_items
+
+    return build_work_items(starts, lens, slots, scales, ranks, device=device)
+
+
+def time_candidate(problem: Problem, cfg: Any, reps: int, iters: int) -> float:
+    """``time_launch`` of one candidate; infinity if it does not compile or run."""
+    try:
+        return time_launch(problem.launcher(cfg), reps, iters)
+    except Exception:  # triton's OutOfResources and compile errors have no common base
+        torch.cuda.synchronize()
+        return math.inf
+
+
+def time_launch(fn: Callable[[], None], reps: int, iters: int) -> float:
+    """Median microseconds of one launch, from CUDA-graph replays of ``reps`` launches."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(iters):
+        start, end = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def _hw_limits() -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(0)
+    smem = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    return props.multi_processor_count, smem
+
+
+def default_config(shape: Shape) -> ShrinkConfig | ExpandConfig:
+    if shape[0] == "shrink":
+        return tiling.default_shrink(*shape[1:])
+    return tiling.default_expand(*shape[1:5])
+
+
+def stage1_candidates(shape: Shape, sm_count: int, smem: int) -> list:
+    """The shape's search space, plus the untuned default (to report the gain)."""
+    if shape[0] == "shrink":
+        _, k, n, m = shape
+        cands = list(tiling.shrink_candidates(k, n, m, sm_count, smem))
+    else:
+        _, n, s, r, m, _ = shape
+        cands = list(tiling.expand_candidates(n, s, r, m, smem))
+    default = default_config(shape)
+    return cands if default in cands else [*cands, default]
+
+
+def _precompile_worker(jobs: list[tuple[Shape, list[dict]]]) -> int:
+    """Launch every job's candidates once so that Triton compiles them into its cache."""
+    done = 0
+    for shape, cfgs in jobs:
+        problem = Problem(shape)
+        cls = ShrinkConfig if shape[0] == "shrink" else ExpandConfig
+        for cfg in cfgs:
+            try:
+                problem.launcher(cls(**cfg))()
+                done += 1
+            except Exception:  # e.g. out of shared memory: timing skips it too
+                pass
+        torch.cuda.synchronize()
+        del problem
+    return done
+
+
+def precompile(work: dict[Shape, list], workers: int) -> None:
+    jobs = [(shape, [asdict(c) for c in cfgs]) for shape, cfgs in work.items() if cfgs]
+    if workers <= 1 or not jobs:
+        _precompile_worker(jobs)
+        return
+    chunks = [jobs[i::workers] for i in range(workers)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pool.map(_precompile_worker, chunks)
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, mininterval=2.0)
+    except ImportError:  # tqdm is optional: a silent stand-in
+
+        class _Quiet:
+            def update(self, n: int = 1) -> None: ...
+            def close(self) -> None: ...
+
+        return _Quiet()
+
+
+def search(
+    shapes: list[Shape],
+    workers: int,
+    reps: int,
+    iters: int,
+    log: Callable[[str], None],
+    budget_s: float | None = None,
+) -> dict[Shape, tuple[Any, float]]:
+    """Tune the shrink shapes, then the expand shapes; with ``budget_s`` each op gets
+    an equal share (see :func:`search_op`)."""
+    ops = sorted({sh[0] for sh in shapes}, reverse=True)  # shrink first
+    share = None if budget_s is None else budget_s / len(ops)
+    best = {}
+    for op in ops:
+        best.update(search_op([sh for sh in shapes if sh[0] == op], workers, reps, iters, log, share))
+    return best
+
+
+def search_op(
+    shapes: list[Shape],
+    workers: int,
+    reps: int,
+    iters: int,
+    log: Callable[[str], None],
+    budget_s: float | None = None,
+) -> dict[Shape, tuple[Any, float]]:
+    """Two-stage search. With ``budget_s`` (timing time, counted after stage 1's
+    compilation), stage 1 stops taking new shapes at 70% of the budget (later shapes
+    are left out of the table: the nearest-shape rule covers them) and stage 2 stops
+    at 100% (later shapes keep their stage-1 best)."""
+    sm_count, smem = _hw_limits()
+    stage1 = {sh: stage1_candidates(sh, sm_count, smem) for sh in shapes}
+    op = shapes[0][0] if shapes else "-"
+    log(f"{op} stage 1: {sum(map(len, stage1.values()))} timings over {len(shapes)} shapes")
+    precompile(stage1, workers)
+    t0 = time.monotonic()
+
+    def over(fraction: float) -> bool:
+        return budget_s is not None and time.monotonic() - t0 > fraction * budget_s
+
+    results: dict[Shape, list[tuple[float, Any]]] = {}
+    bar = _progress(sum(map(len, stage1.values())), f"{op} stage 1")
+    for shape, cfgs in stage1.items():
+        if over(0.7):
+            log(f"budget: {op} stage 1 stopped after {len(results)} of {len(shapes)} shapes")
+            break
+        problem = Problem(shape)
+        timed = [(time_candidate(problem, cfg, reps, iters), cfg) for cfg in cfgs]
+        bar.update(len(cfgs))
+        results[shape] = sorted(timed, key=lambda t: t[0])
+        del problem
+    bar.close()
+
+    stage2 = {}
+    for shape, timed in results.items():
+        seen = {cfg for _, cfg in timed}
+        variants = {v for _, cfg in timed[:3] for v in tiling.launch_variants(cfg, smem)}
+        stage2[shape] = sorted(variants - seen, key=str)
+    log(f"{op} stage 2: {sum(map(len, stage2.values()))} timings")
+    precompile(stage2, workers)
+    bar = _progress(sum(map(len, stage2.values())), f"{op} stage 2")
+    best = {}
+    for shape, cfgs in stage2.items():
+        timed = list(results[shape])
+        if not over(1.0):
+            problem = Problem(shape)
+            timed += [(time_candidate(problem, cfg, reps, iters), cfg) for cfg in cfgs]
+            del problem
+        bar.update(len(cfgs))
+        us, cfg = min(timed, key=lambda t: t[0])
+        best[shape] = (cfg, us)
+        default_us = next(t for t, c in timed if c == default_config(shape))
+        log(f"{shape[:5]} best {us:.2f} us {cfg} default {default_us:.2f} us")
+    bar.close()
+    return best
+
+
+def write_table(best: dict[Shape, tuple[Any, float]], path: Path, meta: dict, merge: bool = False) -> int:
+    """Write the table, one entry per line; with ``merge`` keep the entries of an
+    existing table at ``path`` whose keys this run did not tune. Returns the count."""
+    entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}}
+    if merge and path.is_file():
+        old = json.loads(path.read_text())
+        meta = {**meta, "runs": old.get("runs", []) + meta["runs"]}
+        for op, fields in (
+            ("shrink", ("k", "n", "m")),
+            ("expand", ("n", "s", "r", "m")),
+        ):
+            for e in old.get(op, []):
+                entries[op][tuple(e[f] for f in fields)] = e
+    for shape, (cfg, us) in best.items():
+        if shape[0] == "shrink":
+            key = dict(zip(("k", "n", "m"), shape[1:], strict=True))
+            entry = {**key, "config": asdict(cfg), "us": round(us, 3)}
+        else:
+            key = dict(zip(("n", "s", "r", "m"), shape[1:5], strict=True))
+            entry = {**key, "config": asdict(cfg), "us": round(us, 3)}
+        entries[shape[0]][tuple(key.values())] = entry
+    text = json.dumps({**meta, "shrink": "@shrink", "expand": "@expand"}, indent=1)
+    for op, by_key in entries.items():
+        rows = ",\n  ".join(json.dumps(by_key[k]) for k in sorted(by_key))
+        text = text.replace(f'"@{op}"', f"[\n  {rows}\n ]")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    return sum(map(len, entries.values()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--model",
+        nargs="*",
+        default=[],
+        choices=sorted(MODELS),
+        help="preset layer dims",
+    )
+    ap.add_argument(
+        "--dims",
+        nargs="*",
+        default=[],
+        type=parse_layer,
+        metavar="D_IN:OUT[,OUT..]",
+        help="extra layers, slices comma-separated",
+    )
+    ap.add_argument("--ranks", nargs="+", type=int, default=[8, 16, 32, 64, 128])
+    ap.add_argument(
+        "--tokens",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_TOKENS),
+        help="token counts of the grid (cut at --max-tokens)",
+    )
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(16, (os.cpu_count() or 2) - 1)),
+        help="processes that compile candidates before timing",
+    )
+    ap.add_argument("--reps", type=int, default=10, help="launches per graph replay")
+    ap.add_argument("--iters", type=int, default=5, help="timed replays per candidate")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="table path (default: tables/<device>.json)",
+    )
+    ap.add_argument("--merge", action="store_true", help="keep other shapes of an existing table")
+    ap.add_argument("--ops", nargs="+", default=["shrink", "expand"], choices=["shrink", "expand"])
+    ap.add_argument("--budget-s", type=float, default=None, help="stop timing after this long")
+    ap.add_argument("--log", type=Path, default=None, help="per-shape results, one line each")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("tune needs a CUDA GPU")
+    layers = [layer for name in args.model for layer in MODELS[name]] + args.dims
+    if not layers:
+        raise SystemExit("give --model and/or --dims")
+    tokens = sorted({t for t in args.tokens if t <= args.max_tokens})
+    shapes = [sh for sh in build_shapes(layers, args.ranks, tokens) if sh[0] in args.ops]
+    name = torch.cuda.get_device_name(0)
+    start = datetime.datetime.now(datetime.UTC)
+    log_file = args.log.open("w") if args.log else None
+
+    def log(line: str) -> None:
+        if log_file:
+            print(line, file=log_file, flush=True)
+        elif not line.startswith("("):
+            print(line)
+
+    best = search(shapes, args.workers, args.reps, args.iters, log, args.budget_s)
+    import triton
+
+    run = {
+        "created": start.isoformat(timespec="seconds"),
+        "seconds": round((datetime.datetime.now(datetime.UTC) - start).total_seconds()),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": "bfloat16",
+        "ops": args.ops,
+        "layers": [[d, list(w)] for d, w in layers],
+        "ranks": args.ranks,
+        "tokens": tokens,
+        "budget_s": args.budget_s,
+    }
+    meta = {"device": name, "runs": [run]}
+    path = args.out or tiling.TABLE_DIR / tiling.table_filename(name)
+    count = write_table(best, path, meta, args.merge)
+    print(f"tuned {len(best)} shapes in {run['seconds']} s; {count} entries in {path}")
+
+
+if __name__ == "__main__":
+    main()

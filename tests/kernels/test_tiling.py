@@ -1,0 +1,103 @@
+"""Tile-config search space and the table lookup's nearest-shape rule (no GPU)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sglang_vlora.atmm import tiling
+from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+
+
+def test_candidates_respect_hardware_limits() -> None:
+    smem = 100 * 1024
+    shrink = list(tiling.shrink_candidates(4096, 64, 8, smem_limit=smem))
+    expand = list(tiling.expand_candidates(4096, 1, 64, 4096, smem_limit=smem))
+    assert shrink and expand
+    for cfg in shrink:
+        assert tiling.is_valid_tile(cfg.block_m, cfg.block_n, cfg.block_k)
+        assert tiling.shrink_smem_bytes(cfg) <= smem
+        assert cfg.block_m == 16  # 8 tokens need no larger row tile
+    for cfg in expand:
+        assert tiling.is_valid_tile(cfg.block_m, cfg.block_n, cfg.block_k)
+        assert tiling.expand_smem_bytes(cfg) <= smem
+    for cfg in tiling.launch_variants(shrink[0], smem):
+        assert tiling.shrink_smem_bytes(cfg) <= smem
+    assert not tiling.is_valid_tile(8, 16) and not tiling.is_valid_tile(48)
+
+
+def _entry(op: str, config, **key) -> dict:
+    return {**key, "config": config.__dict__, "us": 1.0}
+
+
+@pytest.fixture()
+def table(tmp_path, monkeypatch):
+    shrink = [
+        _entry("shrink", ShrinkConfig(16, 16, 64, 8), k=4096, n=64, m=16),
+        _entry("shrink", ShrinkConfig(64, 64, 64, 1), k=4096, n=64, m=1024),
+        _entry("shrink", ShrinkConfig(32, 32, 128, 2), k=4096, n=128, m=16),
+        _entry("shrink", ShrinkConfig(16, 32, 256, 4), k=11008, n=64, m=16),
+    ]
+    expand = [
+        _entry("expand", ExpandConfig(16, 64, 16), n=4096, s=1, r=64, m=16),
+        _entry("expand", ExpandConfig(64, 128, 32), n=4096, s=1, r=64, m=1024),
+        _entry("expand", ExpandConfig(16, 128, 64), n=12288, s=3, r=64, m=16),
+    ]
+    name = "Test GPU 9000"
+    (tmp_path / tiling.table_filename(name)).write_text(
+        json.dumps({"device": name, "shrink": shrink, "expand": expand})
+    )
+    monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
+    tiling.load_table.cache_clear()
+    tiling.shrink_config.cache_clear()
+    tiling.expand_config.cache_clear()
+    yield name
+    tiling.load_table.cache_clear()
+    tiling.shrink_config.cache_clear()
+    tiling.expand_config.cache_clear()
+
+
+def test_exact_and_nearest_lookup(table: str) -> None:
+    assert tiling.shrink_config(table, 4096, 64, 16) == ShrinkConfig(16, 16, 64, 8)
+    # tokens: smallest tuned >= asked, else the largest
+    assert tiling.shrink_config(table, 4096, 64, 17) == ShrinkConfig(64, 64, 64, 1)
+    assert tiling.shrink_config(table, 4096, 64, 9000) == ShrinkConfig(64, 64, 64, 1)
+    assert tiling.shrink_config(table, 4096, 64, 1) == ShrinkConfig(16, 16, 64, 8)
+    # S*r: smallest tuned >= asked
+    assert tiling.shrink_config(table, 4096, 96, 16) == ShrinkConfig(32, 32, 128, 2)
+    # d_in: closest in log2 (3584 -> 4096, 18944 -> 11008)
+    assert tiling.shrink_config(table, 3584, 64, 16) == ShrinkConfig(16, 16, 64, 8)
+    assert tiling.shrink_config(table, 18944, 64, 16) == ShrinkConfig(16, 32, 256, 4)
+    # expand: slice count exact when tuned, else nearest
+    assert tiling.expand_config(table, 4608, 3, 32, 8) == ExpandConfig(16, 128, 64)
+    assert tiling.expand_config(table, 4096, 1, 64, 600) == ExpandConfig(64, 128, 32)
+    assert tiling.expand_config(table, 22016, 2, 64, 16) == ExpandConfig(16, 128, 64)
+
+
+def test_fallback_without_table() -> None:
+    name = "No Such Device"
+    assert tiling.load_table(name) is None
+    assert tiling.shrink_config(name, 4096, 64, 3) == tiling.default_shrink(4096, 64, 3)
+    assert tiling.expand_config(name, 4096, 1, 64, 3) == tiling.default_expand(4096, 1, 64, 3)
+
+
+def test_lookup_is_cheap(table: str) -> None:
+    tiling.shrink_config(table, 4096, 64, 40)
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tiling.shrink_config(table, 4096, 64, 40)
+    per_call = (time.perf_counter() - t0) / n
+    assert per_call < 2e-6, per_call
+
+
+def test_shipped_tables_parse() -> None:
+    for path in tiling.TABLE_DIR.glob("*.json"):
+        data = json.loads(path.read_text())
+        assert path.name == tiling.table_filename(data["device"])
+        for entry in data["shrink"]:
+            ShrinkConfig(**entry["config"])
+        for entry in data["expand"]:
+            ExpandConfig(**entry["config"])
