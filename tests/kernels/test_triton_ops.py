@@ -249,3 +249,17 @@ def test_static_fill_rejects_overflow() -> None:
     items = build_work_items([0, 4], [4, 4], [1, 2], [1.0, 1.0], RANKS)
     with pytest.raises(ValueError):
         static.fill(items, 8)
+
+
+def test_static_with_base_matches() -> None:
+    """Without CUDA the overlapped entry point runs shrink, base, expand in sequence."""
+    gen = torch.Generator().manual_seed(8)
+    a, b, offsets = make_pool(2, torch.float32, gen)
+    static = StaticWorkItems.allocate(capacity=4, max_tokens=10, num_slots=len(RANKS), device="cpu")
+    x = torch.randn(10, D_IN, generator=gen)
+    items = build_work_items([0, 3], [3, 7], [2, 3], [1.0, -1.0], RANKS)
+    static.fill(items, 10)
+    base = torch.randn(10, offsets[-1], generator=gen)
+    out = ops.lora_apply_static_with_base(x, a, b, static, offsets, base.clone)
+    ref = fp64_delta(x, a, b, offsets, [0, 3], [3, 7], [2, 3], [1.0, -1.0])
+    assert rel_err(out.double() - base.double(), ref) < 1e-5

@@ -1,5 +1,6 @@
-"""One real SGLang server (``--plugin vlora``, CPU, tiny Qwen2-VL, three PEFT adapters)
-shared by every test of this folder. Its log is printed when a test fails."""
+"""Session fixtures: the tiny Qwen2-VL and its adapters, built once from their seed, and
+one real SGLang server (``--plugin vlora``, CPU, three PEFT adapters) shared by every test
+that asks for it. The server's log is printed when such a test fails."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from sglang_vlora.tiny_model import build_tiny_adapters, build_tiny_model
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / ".cache" / "tiny"
 START_TIMEOUT_S = 600
 MAX_LORA_RANK = 32
