@@ -11,7 +11,7 @@ PORT    ?= 30000
 SERVE_ARGS ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install serve test lint bench tune tiny
+.PHONY: install serve test lint bench tune test-gpu tiny
 
 install: $(VENV)/.installed
 
@@ -40,8 +40,16 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# GPU benchmarks: each prints a table and writes JSON + PNG under bench/results/, and says so
+# and exits when no GPU is present.
 bench: install
-	$(PY) -m bench.kernels
+	$(PY) bench/kernels.py --check
+	$(PY) bench/switch.py
 
+# Offline tiling search on this GPU; writes sglang_vlora/atmm/tables/<device>.json.
 tune: install
-	$(PY) -m sglang_vlora.atmm.tune
+	$(PY) -m sglang_vlora.atmm.tune --model llava-1.5-7b qwen2-vl-7b --ranks 8 16 32 64 128
+
+# Kernel checks on a GPU (CI runs the same kernels in Triton's interpreter).
+test-gpu: install
+	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py

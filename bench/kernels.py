@@ -4,7 +4,9 @@
     python bench/kernels.py --shapes proj --ranks 64 --quick
 
 Methods: ``merged`` (the base GEMM alone: adapter folded into W), ``atmm`` (ours:
-graph-safe ``lora_apply_static`` in decode, ``lora_apply`` in prefill), SGLang's
+graph-safe ``lora_apply_static`` in decode, ``lora_apply`` in prefill),
+``atmm_overlap`` (``lora_apply_static_with_base``: the shrink on a side stream next to
+the base GEMM, then the expand), SGLang's
 ``triton`` and ``csgmv`` LoRA backend kernels (imported from the installed sglang;
 skipped if it is missing), ``bmm`` (tokens padded per adapter, cuBLAS batched GEMM,
 the dLoRA way). Each method's time includes the base GEMM; the table reports the
@@ -23,12 +25,18 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+
+# SGLang's csgmv kernels cache compiled kernels by (K, slices, chunk) only, not by rank:
+# fine in a server (one max rank), wrong here where ranks change between cells. This
+# switches that cache off, back to Triton's own (keyed by every constexpr).
+os.environ.setdefault("SGLANG_USE_CUSTOM_TRITON_KERNEL_CACHE", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -108,13 +116,32 @@ class Cell:
         )
         self.static = StaticWorkItems.allocate(max(8, self.adapters), self.tokens, self.adapters, dev)
         self.static.fill(self.items, self.tokens)
+        self.side = torch.cuda.Stream()
         self._bmm_index()
 
     # ---- methods: the LoRA part of each, on one copy; run() adds the base GEMM -------
     def run(self, method: str, t: dict) -> None:
-        torch.mm(t["x"][: self.tokens], t["w"].t(), out=t["out"][: self.tokens])
+        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
+        if method == "atmm_overlap":  # the base GEMM runs inside, next to the shrink
+            ops.lora_apply_static_with_base(
+                x,
+                t["a"],
+                t["b"],
+                self.static,
+                self.offsets,
+                lambda: torch.mm(x, t["w"].t(), out=out),
+                self.side,
+            )
+            return
+        torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
+
+    def lora_atmm_overlap(self, t: dict) -> None:
+        out = t["out"][: self.tokens]
+        ops.lora_apply_static_with_base(
+            t["x"][: self.tokens], t["a"], t["b"], self.static, self.offsets, lambda: out, self.side
+        )
 
     def lora_atmm(self, t: dict) -> None:
         x, out = t["x"][: self.tokens], t["out"][: self.tokens]
@@ -287,6 +314,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--tag", default="kernels")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/kernels.py: no CUDA device, nothing measured (the ATMM kernel benchmark needs a GPU)")
+        return
     try:
         import sglang
 
@@ -294,10 +324,20 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", *peers, "bmm"]
     decode = [(8, 1), (32, 1)] if args.quick else DECODE
     prefill = [(4, 1024)] if args.quick else PREFILL
-    rows = []
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "sglang": sglang_version,
+        "python": platform.python_version(),
+        "command": " ".join(["python", "bench/kernels.py", *sys.argv[1:]]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
     for shape in args.shapes:
         for rank in args.ranks:
             for mode, cells in (("decode", decode), ("prefill", prefill)):
@@ -313,6 +353,7 @@ def main() -> None:
                             "requests": requests,
                             "tokens": cell.tokens,
                             "adapters": cell.adapters,
+                            "atmm_entry": "lora_apply_static" if mode == "decode" else "lora_apply",
                             "us": {},
                             "err": {},
                         }
@@ -331,23 +372,20 @@ def main() -> None:
                             if n != "merged"
                         }
                         rows.append(row)
+                        write_json(args.out / f"{args.tag}.json", meta, rows)  # kept if cut short
                         print_row(row, methods)
                         del cell
                         torch.cuda.empty_cache()
-    meta = {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "sglang": sglang_version,
-        "python": platform.python_version(),
-        "command": " ".join(["python", "bench/kernels.py", *sys.argv[1:]]),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     plot(rows, methods, meta, args.out / f"{args.tag}.png")
     print(json.dumps(meta))
     print_table(rows, methods)
+
+
+def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
+    body = ",\n  ".join(json.dumps(r) for r in rows)
+    path.write_text(
+        json.dumps({**meta, "rows": "@rows"}, indent=1).replace('"@rows"', f"[\n  {body}\n ]") + "\n"
+    )
 
 
 def print_row(row: dict, methods: list[str]) -> None:

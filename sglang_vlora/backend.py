@@ -72,8 +72,14 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     name = "atmm"
 
-    def __init__(self, max_loras_per_batch: int, device: torch.device, **kwargs):
+    def __init__(self, max_loras_per_batch: int, device: torch.device, impl: str | None = None, **kwargs):
         super().__init__(max_loras_per_batch, device)
+        if impl is None:
+            from sglang_vlora.plugin import active_config
+
+            cfg = active_config()
+            impl = cfg.atmm_impl if cfg is not None else "auto"
+        self.impl = impl
         self.work_items: WorkItems | None = None
         self.graph_info: GraphTokenInfo | None = None
         self.use_graph_path = False
@@ -195,7 +201,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
             return graph_safe_shrink(x, weights, self.graph_info, stack_num)
-        return ops.lora_shrink(x, weights, self.work_items, stack_num)
+        return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
     def run_lora_b_sgemm(
         self,
@@ -210,7 +216,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return graph_safe_expand(x, weights, self.graph_info, offsets, output)
-        return ops.lora_expand(x, weights, self.work_items, offsets, output)
+        return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
     def run_qkv_lora(
         self,
@@ -249,7 +255,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         if self.use_graph_path:
             intermediate = graph_safe_shrink(x, lora_a, self.graph_info, len(offsets) - 1)
             return graph_safe_expand(intermediate, lora_b, self.graph_info, offsets, output)
-        return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output)
+        return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 
     @staticmethod
     def _output(base_output, x, offsets):

@@ -11,14 +11,16 @@ adaptive-tiling table gives for the shape (:mod:`sglang_vlora.atmm.tiling`).
 Graph safety. ``lora_shrink`` / ``lora_expand`` / ``lora_apply`` size their launch
 grids from the host copies in :class:`WorkItems` (item count, longest segment, total
 rows): right in eager mode, wrong if captured in a CUDA graph and replayed with
-other items. Under CUDA graphs use ``lora_apply_static`` / ``lora_shrink_static`` /
-``lora_expand_static`` with a :class:`StaticWorkItems`: they read only its device
+other items. Under CUDA graphs use ``lora_apply_static`` / ``lora_apply_static_with_base`` /
+``lora_shrink_static`` / ``lora_expand_static`` with a :class:`StaticWorkItems`: they read only its device
 buffers and size grids from static bounds (buffer capacity, ``x.shape[0]``,
 pool max rank), so any items written by ``StaticWorkItems.fill`` before a replay
 are computed correctly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -33,12 +35,17 @@ def _token_rows(items: WorkItems, i: int) -> torch.Tensor | slice:
     return items.permutation[start : start + length]
 
 
-def lora_shrink(x: torch.Tensor, a_buffer: torch.Tensor, items: WorkItems, num_slices: int) -> torch.Tensor:
+def lora_shrink(
+    x: torch.Tensor, a_buffer: torch.Tensor, items: WorkItems, num_slices: int, impl: str = "auto"
+) -> torch.Tensor:
     """Return ``[items.total_rows, num_slices * max_rank]``: row block ``i`` holds
     ``x[tokens of item i] @ A[slot_i, :num_slices * r_i].T`` in its first
-    ``num_slices * r_i`` columns and zeros after them."""
+    ``num_slices * r_i`` columns and zeros after them.
+
+    ``impl="auto"`` runs the Triton kernel on CUDA tensors and the torch reference
+    elsewhere; ``impl="torch"`` forces the reference (same for every entry point)."""
     _check_shrink_shapes(x, a_buffer)
-    if x.is_cuda:
+    if x.is_cuda and impl == "auto":
         return _shrink_kernel(x, a_buffer, items, num_slices)
     out = torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     row = 0
@@ -57,11 +64,12 @@ def lora_expand(
     items: WorkItems,
     slice_offsets: list[int],
     output: torch.Tensor,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Accumulate ``scale_i * intermediate_i[:, slice s] @ B[slot_i, slice s, :r_i].T``
     into ``output[tokens of item i, slice s]`` for every item and slice; returns
     ``output`` (updated in place)."""
-    if output.is_cuda:
+    if output.is_cuda and impl == "auto":
         return _expand_kernel(intermediate, b_buffer, items, slice_offsets, output)
     num_slices = len(slice_offsets) - 1
     row = 0
@@ -92,17 +100,18 @@ def lora_apply(
     items: WorkItems,
     slice_offsets: list[int],
     output: torch.Tensor,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Shrink then expand: ``output += sum_i scale_i * x_i A_i^T B_i^T`` per slice."""
     num_slices = len(slice_offsets) - 1
     if items.num_items == 0:
         return output
-    if x.is_cuda:
+    if x.is_cuda and impl == "auto":
         _check_shrink_shapes(x, a_buffer)
         inter = _shrink_kernel(x, a_buffer, items, num_slices, zero_fill=False)
         return _expand_kernel(inter, b_buffer, items, slice_offsets, output)
-    intermediate = lora_shrink(x, a_buffer, items, num_slices)
-    return lora_expand(intermediate, b_buffer, items, slice_offsets, output)
+    intermediate = lora_shrink(x, a_buffer, items, num_slices, impl)
+    return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
 
 
 # ---- graph-safe entry points ----------------------------------------------------------
@@ -124,6 +133,37 @@ def lora_apply_static(
     """
     num_slices = len(slice_offsets) - 1
     inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
+    return lora_expand_static(inter, b_buffer, items, slice_offsets, output)
+
+
+def lora_apply_static_with_base(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    base_fn: Callable[[], torch.Tensor],
+    side_stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """``base_fn() + LoRA``, graph-safe, with the shrink overlapped with the base GEMM.
+
+    The shrink needs only ``x``, so on CUDA it runs on ``side_stream`` while
+    ``base_fn`` (the base layer's GEMM, returning its output) runs on the current
+    stream; the expand then adds into that output. Fork and join are stream waits,
+    which CUDA-graph capture records. Use one side stream for all layers (split-K
+    counters are shared per device). Without CUDA or a side stream: in sequence.
+    """
+    num_slices = len(slice_offsets) - 1
+    if side_stream is None or not x.is_cuda:
+        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
+        return lora_expand_static(inter, b_buffer, items, slice_offsets, base_fn())
+    main = torch.cuda.current_stream(x.device)
+    side_stream.wait_stream(main)
+    with torch.cuda.stream(side_stream):
+        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
+    output = base_fn()
+    main.wait_stream(side_stream)
+    inter.record_stream(main)
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output)
 
 

@@ -14,8 +14,9 @@ Layouts (see :mod:`sglang_vlora.atmm.work_items`): ``x[tokens, d_in]``,
 ``A[slot, S * max_rank, d_in]``, ``B[slot, d_out_total, max_rank]``; the
 intermediate is ``[rows, S * max_rank]`` in the activation dtype, one row per
 (item, token). Split-K shrink sums its fp32 partials inside the kernel (the last
-split of a tile to finish does it), so expand reads one intermediate. The launchers here take tile configs and raw tensors; choosing the
-config is :mod:`sglang_vlora.atmm.tiling`'s job.
+split of a tile to finish does it), so expand reads one intermediate. The launchers
+here take tile configs and raw tensors; choosing the config is
+:mod:`sglang_vlora.atmm.tiling`'s job.
 """
 
 from __future__ import annotations

@@ -180,3 +180,9 @@ def test_bad_json_is_a_4xx(server):
     )
     assert 400 <= response.status_code < 500
     assert_still_serving(server)
+
+
+def test_children_run_the_plugin(server):
+    """The scheduler (a spawned process) turned the plugin on from the launcher's
+    options: it built the atmm backend, which only the active plugin registers."""
+    assert "Using atmm as backend of LoRA kernels" in server.log_path.read_text(errors="replace")

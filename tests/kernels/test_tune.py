@@ -1,0 +1,43 @@
+"""The tuner's pure parts (no GPU): grid shapes, layer specs, table writing and merging."""
+
+from __future__ import annotations
+
+import json
+
+from sglang_vlora.atmm import tiling, tune
+from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+from sglang_vlora.atmm.work_items import assign_layers
+
+
+def test_parse_layer_and_shapes() -> None:
+    assert tune.parse_layer("4096:4096,1024,1024") == (4096, (4096, 1024, 1024))
+    shapes = tune.build_shapes([(4096, (4096,)), (11008, (4096,))], [8, 16], [1, 32])
+    # o_proj and down_proj share their expand shapes: counted once
+    assert len([s for s in shapes if s[0] == "expand"]) == 4
+    assert len([s for s in shapes if s[0] == "shrink"]) == 8
+    assert ("shrink", 11008, 16, 32) in shapes
+
+
+def test_write_table_merges_and_reads_back(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    first = {("shrink", 4096, 64, 16): (ShrinkConfig(16, 32, 64, 8), 3.0)}
+    tune.write_table(first, path, {"device": "X", "runs": [{"ops": ["shrink"]}]})
+    second = {
+        ("shrink", 4096, 64, 32): (ShrinkConfig(32, 32, 64, 4), 4.0),
+        ("expand", 4096, 1, 64, 16, (4096,)): (ExpandConfig(16, 64, 32), 2.0),
+    }
+    count = tune.write_table(second, path, {"device": "X", "runs": [{"ops": ["both"]}]}, merge=True)
+    assert count == 3
+    table = json.loads(path.read_text())
+    assert [r["ops"] for r in table["runs"]] == [["shrink"], ["both"]]
+    entry = tiling.nearest_entry(table["shrink"], "shrink", {"k": 4096, "n": 64, "m": 10})
+    assert ShrinkConfig(**entry["config"]) == ShrinkConfig(16, 32, 64, 8)
+    entry = tiling.nearest_entry(table["expand"], "expand", {"n": 4096, "s": 1, "r": 64, "m": 16})
+    assert ExpandConfig(**entry["config"]) == ExpandConfig(16, 64, 32)
+
+
+def test_assign_layers_separates_overlaps() -> None:
+    # disjoint segments share layer 0; a segment over both needs layer 1
+    assert assign_layers([0, 5, 0], [5, 5, 10]) == [0, 0, 1]
+    assert assign_layers([0, 0, 0], [4, 4, 4]) == [0, 1, 2]
+    assert assign_layers([], []) == []
