@@ -29,7 +29,9 @@ from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora.atmm import ops
-from sglang_vlora.atmm.work_items import WorkItems, build_work_items
+from sglang_vlora.atmm.work_items import WorkItems
+from sglang_vlora.modes import mode_hooks
+from sglang_vlora.modes.delora import mode_work_items
 
 logger = logging.getLogger(__name__)
 
@@ -135,13 +137,15 @@ class ATMMLoRABackend(BaseLoRABackend):
             return
         self.use_graph_path = False
         starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
-        self.work_items = build_work_items(
-            seg_starts=starts,
-            seg_lens=lengths,
-            slots=slots,
-            scales=[scale_of_slot[s] for s in slots],
-            ranks=lora_ranks,
-            device=self.device,
+        controller = mode_hooks.controller()
+        merged_slot = None
+        if controller is not None and controller.merged_uid is not None:
+            lora_ranks, scalings = list(lora_ranks), list(scalings)
+            merged_slot = controller.merged_slot(lora_ranks, scalings)
+        # Unmerged: one (+adapter) item per segment. Merged adapter k: mixture items
+        # (k's tokens nothing, others +own -k, base-only -k).
+        self.work_items = mode_work_items(
+            starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device
         )
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
 

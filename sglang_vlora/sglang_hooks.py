@@ -142,7 +142,51 @@ def _head_hooks() -> list[Hook]:
     ]
 
 
-ACTIVE_HOOKS: list[Hook] = _head_hooks()
+def _mode_hooks() -> list[Hook]:
+    from sglang_vlora.modes import mode_hooks
+
+    lora = "sglang.srt.lora"
+    return [
+        Hook(
+            f"{lora}.lora_manager.LoRAManager.__init__",
+            HookType.AFTER,
+            mode_hooks.lora_manager_init_after,
+            "one mode controller per scheduler, over the LoRA-targeted base weights",
+        ),
+        Hook(
+            f"{lora}.mem_pool.LoRAMemoryPool.prepare_lora_batch",
+            HookType.BEFORE,
+            mode_hooks.keep_merged_resident_before,
+            "the merged adapter's pool slot feeds the mixture (-k) items: never evict it",
+        ),
+        Hook(
+            f"{lora}.lora_manager.LoRAManager.unload_lora_adapter",
+            HookType.AROUND,
+            mode_hooks.unload_around,
+            "refuse to unload the merged adapter; forget the factors of an unloaded one",
+        ),
+        Hook(
+            "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._unload_lora_adapter_locked",
+            HookType.AROUND,
+            mode_hooks.refuse_unloading_merged_around,
+            "refuse (400) to unload the merged adapter before SGLang forgets its name",
+        ),
+        Hook(
+            "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request",
+            HookType.AROUND,
+            mode_hooks.rpc_around,
+            "mode changes and status reach every TP rank's scheduler between forward passes",
+        ),
+        Hook(
+            "sglang.srt.entrypoints.engine.Engine._launch_subprocesses",
+            HookType.AFTER,
+            mode_hooks.launch_subprocesses_after,
+            "the HTTP server has no API for new routes or the RPC socket: add /vlora/mode, /vlora/status",
+        ),
+    ]
+
+
+ACTIVE_HOOKS: list[Hook] = _head_hooks() + _mode_hooks()
 
 
 # ------------------------------------------------------------------- machinery

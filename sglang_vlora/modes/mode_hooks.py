@@ -1,0 +1,286 @@
+"""Inference modes inside the running SGLang server: the glue between SGLang's scheduler
+and :mod:`sglang_vlora.modes` (switcher, mixture items). Declared in
+:mod:`sglang_vlora.sglang_hooks`.
+
+Control path: ``POST /vlora/mode`` and ``GET /vlora/status`` (launcher) send an SGLang
+``RpcReqInput`` over the scheduler's RPC socket. The scheduler receives RPCs between
+forward passes and hands them to every TP rank in the same iteration, so every rank
+switches at the same point; the switch updates the base weights in place.
+
+Data path: with adapter ``k`` merged, the ``atmm`` backend builds mixture work items
+(:func:`sglang_vlora.modes.delora.mode_work_items`): ``k``'s requests add nothing, other
+adapters' requests add their own delta and subtract ``k``'s, base-only requests subtract
+``k``'s. ``k`` stays resident in SGLang's LoRA memory pool while merged (its slot is read
+by the ``-k`` items), so it takes one of ``--max-loras-per-batch`` slots.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, deltas_from_pool
+
+MODES = ("merge", "mixture", "unmerge")
+RPC_MODE = "vlora_mode"
+RPC_STATUS = "vlora_status"
+
+
+class ModeController:
+    """One per scheduler process: the switcher over the LoRA-targeted base weights."""
+
+    def __init__(self, lora_manager) -> None:
+        self.lora_manager = lora_manager
+        self.switcher: SwiftSwitcher | None = None
+        self.mode = "unmerge"
+        self.merged_name: str | None = None
+        self.merged_uid: str | None = None
+        self.last_switch_ms: float | None = None
+        self._slices: dict[str, list[int]] = {}
+
+    # ------------------------------------------------------------------ weights
+    def _build(self) -> SwiftSwitcher:
+        # lora_modules: per layer, full module name -> LoRA layer; the pool keys its
+        # buffers by the short name (qkv_proj, o_proj, gate_up_proj, down_proj).
+        kinds: dict[str, list] = {}
+        for layer_modules in self.lora_manager.lora_modules:
+            for full_name, module in layer_modules.items():
+                name = full_name.rsplit(".", 1)[-1]
+                offsets = _slice_offsets(module)
+                self._slices[name] = offsets
+                weight = module.base_layer.weight
+                for s in range(len(offsets) - 1):
+                    kinds.setdefault(f"{name}.{s}", []).append(weight[offsets[s] : offsets[s + 1]])
+        return SwiftSwitcher(kinds, exact=True)
+
+    def _register(self, uid: str) -> None:
+        pool = self.lora_manager.memory_pool
+        adapter = self.lora_manager.loras[uid]
+        slot = pool.get_buffer_id(uid)
+        deltas: dict[str, LoRADelta] = {}
+        for name, offsets in self._slices.items():
+            if name not in pool.A_buffer:
+                continue
+            for s, delta in enumerate(
+                deltas_from_pool(pool.A_buffer[name], pool.B_buffer[name], slot, adapter.config.r, offsets, adapter.scaling)
+            ):
+                if delta.a.abs().sum() > 0:  # a module this adapter does not target is all zero in the pool
+                    deltas[f"{name}.{s}"] = delta
+        if not deltas:
+            raise ValueError(f"adapter {self.lora_manager.lora_refs[uid].lora_name!r} has no weights on {sorted(self._slices)}")
+        self.switcher.add_adapter(uid, deltas)
+
+    def _uid(self, name: str) -> str:
+        for uid, ref in self.lora_manager.lora_refs.items():
+            if ref.lora_name == name:
+                return uid
+        raise ValueError(f"unknown adapter {name!r}; loaded: {sorted(r.lora_name for r in self.lora_manager.lora_refs.values())}")
+
+    # --------------------------------------------------------------- operations
+    def apply(self, mode: str, adapter: str | None) -> dict[str, Any]:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        if mode == "unmerge" and adapter is not None:
+            raise ValueError("mode 'unmerge' takes no adapter")
+        if mode != "unmerge" and not adapter:
+            raise ValueError(f"mode {mode!r} needs the adapter to merge")
+        backend = self.lora_manager.lora_backend
+        if getattr(backend, "name", None) != "atmm":
+            raise ValueError("merge and mixture modes need --lora-backend atmm (it builds the mixture work items)")
+        if getattr(backend, "graph_info", None) is not None:
+            raise ValueError("merge and mixture modes need decode CUDA graphs off (--cuda-graph-backend-decode disabled)")
+        uid = self._uid(adapter) if adapter else None
+        if self.switcher is None:
+            self.switcher = self._build()
+        started = time.perf_counter()
+        if uid is not None:
+            if uid not in self.lora_manager.memory_pool.uid_to_buffer_id:
+                self.lora_manager.fetch_new_loras({uid})
+            if uid not in self.switcher.adapters:
+                self._register(uid)
+        self.switcher.switch(uid)
+        self.last_switch_ms = (time.perf_counter() - started) * 1e3
+        self.mode, self.merged_name, self.merged_uid = mode, adapter, uid
+        return self.status()
+
+    def forget(self, uid: str) -> None:
+        """An adapter was unloaded: drop its factors (refused while it is merged)."""
+        if self.switcher is None or uid not in self.switcher.adapters:
+            return
+        if uid == self.merged_uid:
+            raise ValueError("the adapter is merged: switch to another mode first")
+        self.switcher.remove_adapter(uid)
+
+    def status(self) -> dict[str, Any]:
+        sw = self.switcher
+        return {
+            "mode": self.mode,
+            "merged_adapter": self.merged_name,
+            "switch_count": sw.switch_count if sw is not None else 0,
+            "last_switch_ms": self.last_switch_ms,
+            "pristine_bytes": sw.pristine_bytes if sw is not None else 0,
+            "paths": dict(sw.paths) if sw is not None else {},
+        }
+
+    def merged_slot(self, lora_ranks: list[int], scalings: list[float]) -> int | None:
+        """The pool slot of the merged adapter, with its rank and scaling written into
+        this batch's lists (SGLang fills them only for adapters in the batch)."""
+        if self.merged_uid is None:
+            return None
+        pool = self.lora_manager.memory_pool
+        slot = pool.uid_to_buffer_id[self.merged_uid]
+        adapter = self.lora_manager.loras[self.merged_uid]
+        lora_ranks[slot] = adapter.config.r
+        scalings[slot] = adapter.scaling
+        return slot
+
+
+def _slice_offsets(module) -> list[int]:
+    offsets = getattr(module, "output_offset_cpu", None)
+    if offsets is not None:
+        return [int(v) for v in offsets.tolist()]
+    return [0, int(module.base_layer.weight.shape[0])]
+
+
+_controller: ModeController | None = None
+
+
+def controller() -> ModeController | None:
+    """This scheduler process's controller (None before the LoRA manager exists)."""
+    return _controller
+
+
+# ------------------------------------------------------------------ scheduler hooks
+def lora_manager_init_after(result, self, *args, **kwargs):
+    """AFTER ``LoRAManager.__init__``: one mode controller per scheduler process."""
+    global _controller
+    _controller = ModeController(self)
+    return result
+
+
+def keep_merged_resident_before(self, *args, **kwargs):
+    """BEFORE ``LoRAMemoryPool.prepare_lora_batch``: the merged adapter counts as in use,
+    so the pool never evicts it while its slot feeds the ``-k`` items."""
+    ctl = _controller
+    if ctl is None or ctl.merged_uid is None:
+        return None
+    if "cur_uids" in kwargs:
+        kwargs["cur_uids"] = set(kwargs["cur_uids"]) | {ctl.merged_uid}
+    else:
+        args = (set(args[0]) | {ctl.merged_uid}, *args[1:])
+    return (self, *args), kwargs
+
+
+def unload_around(original, self, lora_ref, *args, **kwargs):
+    """AROUND ``LoRAManager.unload_lora_adapter``: refuse to unload the merged adapter
+    (a failed result, which SGLang turns into a 400), forget the factors of others."""
+    ctl = _controller
+    if ctl is not None and lora_ref.lora_id is not None:
+        try:
+            ctl.forget(lora_ref.lora_id)
+        except ValueError as exc:
+            return self.create_lora_update_result(success=False, error_message=f"{lora_ref.lora_name}: {exc}")
+    return original(self, lora_ref, *args, **kwargs)
+
+
+def rpc_around(original, self, recv_req):
+    """AROUND ``Scheduler.handle_rpc_request``: our two methods answer with JSON."""
+    if recv_req.method not in (RPC_MODE, RPC_STATUS):
+        return original(self, recv_req)
+    from sglang.srt.managers.io_struct import RpcReqOutput
+
+    ctl = _controller
+    try:
+        if ctl is None:
+            raise ValueError("LoRA is not enabled on this server")
+        params = recv_req.parameters or {}
+        body = ctl.status() if recv_req.method == RPC_STATUS else ctl.apply(params.get("mode"), params.get("adapter"))
+        return RpcReqOutput(success=True, message=json.dumps(body))
+    except (ValueError, KeyError) as exc:
+        return RpcReqOutput(success=False, message=str(exc))
+
+
+# ------------------------------------------------------------------ launcher hooks
+class SchedulerRPC:
+    """The launcher's end of the scheduler's RPC socket (bound here: in HTTP-server
+    mode SGLang's Engine, which would bind it, does not exist)."""
+
+    def __init__(self, rpc_ipc_name: str) -> None:
+        import zmq
+        from sglang.srt.utils.network import get_zmq_socket
+
+        self._socket = get_zmq_socket(zmq.Context.instance(), zmq.DEALER, rpc_ipc_name, True)
+        self._socket.setsockopt(zmq.RCVTIMEO, 60_000)
+        self._lock = threading.Lock()
+
+    def call(self, method: str, parameters: dict | None) -> tuple[bool, str]:
+        from sglang.srt.managers.io_struct import RpcReqInput, sock_recv, sock_send
+
+        with self._lock:
+            sock_send(self._socket, RpcReqInput(method=method, parameters=parameters))
+            reply = sock_recv(self._socket)
+        return reply.success, reply.message
+
+
+_rpc: SchedulerRPC | None = None
+
+
+def launch_subprocesses_after(result, cls, *args, **kwargs):
+    """AFTER ``Engine._launch_subprocesses`` (launcher): connect to the scheduler's RPC
+    socket and add ``/vlora/mode`` and ``/vlora/status`` to the HTTP app."""
+    global _rpc
+    from sglang.srt.server_args import PortArgs
+
+    port_args = next((item for item in result if isinstance(item, PortArgs)), None)
+    if port_args is None:
+        return result
+    _rpc = SchedulerRPC(port_args.rpc_ipc_name)
+    add_routes(_rpc)
+    return result
+
+
+async def refuse_unloading_merged_around(original, self, obj):
+    """AROUND ``TokenizerControlMixin._unload_lora_adapter_locked`` (launcher): refuse,
+    before SGLang forgets the name, to unload the adapter merged into the weights."""
+    import asyncio
+
+    if _rpc is not None:
+        ok, message = await asyncio.to_thread(_rpc.call, RPC_STATUS, None)
+        if ok and json.loads(message).get("merged_adapter") == obj.lora_name:
+            raise ValueError(f"adapter {obj.lora_name!r} is merged: POST /vlora/mode another mode first")
+    return await original(self, obj)
+
+
+def add_routes(rpc: SchedulerRPC) -> None:
+    import asyncio
+
+    from sglang.srt.entrypoints.http_server import app
+
+    async def call(method: str, parameters: dict | None) -> JSONResponse:
+        ok, message = await asyncio.to_thread(rpc.call, method, parameters)
+        if not ok:
+            return JSONResponse({"error": message}, status_code=400)
+        return JSONResponse(json.loads(message))
+
+    async def set_mode(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": 'the body must be {"mode": ..., "adapter": ...}'}, status_code=400)
+        mode, adapter = body.get("mode"), body.get("adapter")
+        if not isinstance(mode, str) or (adapter is not None and not isinstance(adapter, str)):
+            return JSONResponse({"error": "mode must be a string and adapter a string or null"}, status_code=400)
+        return await call(RPC_MODE, {"mode": mode, "adapter": adapter})
+
+    async def get_status() -> JSONResponse:
+        return await call(RPC_STATUS, None)
+
+    app.add_api_route("/vlora/mode", set_mode, methods=["POST"])
+    app.add_api_route("/vlora/status", get_status, methods=["GET"])

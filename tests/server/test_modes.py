@@ -1,0 +1,103 @@
+"""Inference modes inside the running server: with any adapter merged (merge / mixture),
+every request (the merged adapter's, other adapters', base-only) passes the parity
+suite's check against HF + peft; unmerge brings the base back; operator controls
+refuse bad values with a 400. The server is shared: every test ends unmerged."""
+
+import httpx
+import pytest
+
+from tests.server.reference import HFReference, assert_matches_reference, chat_text, make_image, sglang_generate
+
+ADAPTERS = [None, "a8", "b16", "c32"]
+TEXT = chat_text("What is in the image?", with_image=False)
+
+
+@pytest.fixture(scope="module")
+def reference(server) -> HFReference:
+    return HFReference(server.model_dir, server.adapters)
+
+
+def set_mode(server, mode, adapter=None):
+    return httpx.post(server.url + "/vlora/mode", json={"mode": mode, "adapter": adapter}, timeout=120)
+
+
+@pytest.fixture
+def unmerged_after(server):
+    yield
+    assert set_mode(server, "unmerge").status_code == 200
+
+
+@pytest.mark.parametrize("mode, merged", [("merge", "c32"), ("mixture", "a8"), ("merge", "b16")])
+def test_every_request_matches_hf_with_an_adapter_merged(server, reference, unmerged_after, mode, merged):
+    response = set_mode(server, mode, merged)
+    assert response.status_code == 200, response.text
+    status = response.json()
+    assert (status["mode"], status["merged_adapter"]) == (mode, merged)
+    image = make_image(seed=21)
+    image_text = chat_text("Describe the picture.", with_image=True)
+    for adapter in ADAPTERS:
+        assert_matches_reference(reference, sglang_generate(server.url, TEXT, adapter), TEXT, None, adapter)
+    for adapter in (None, merged):
+        gen = sglang_generate(server.url, image_text, adapter, image=image)
+        assert_matches_reference(reference, gen, image_text, image, adapter)
+
+
+def test_a_mixed_batch_in_mixture_mode(server, unmerged_after):
+    alone = {a: sglang_generate(server.url, TEXT, a) for a in ADAPTERS}
+    assert set_mode(server, "mixture", "b16").status_code == 200
+    response = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": [TEXT] * len(ADAPTERS),
+            "lora_path": ADAPTERS,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=120,
+    )
+    for adapter, body in zip(ADAPTERS, response.json(), strict=True):
+        tokens = [t[1] for t in body["meta_info"]["output_token_logprobs"]]
+        assert tokens == alone[adapter].tokens, adapter
+
+
+def test_switches_and_unmerge_restore_the_base(server, reference, unmerged_after):
+    before = httpx.get(server.url + "/vlora/status", timeout=60).json()["switch_count"]
+    for mode, adapter in [("merge", "a8"), ("merge", "c32"), ("mixture", "b16"), ("unmerge", None)]:
+        assert set_mode(server, mode, adapter).status_code == 200
+    status = httpx.get(server.url + "/vlora/status", timeout=60).json()
+    assert status["mode"] == "unmerge" and status["merged_adapter"] is None
+    assert status["switch_count"] == before + 4
+    assert status["last_switch_ms"] is not None and status["pristine_bytes"] > 0
+    for adapter in ADAPTERS:
+        assert_matches_reference(reference, sglang_generate(server.url, TEXT, adapter), TEXT, None, adapter)
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ({"mode": "fold", "adapter": "a8"}, "mode must be one of"),
+        ({"mode": "merge", "adapter": "nope"}, "unknown adapter"),
+        ({"mode": "merge"}, "needs the adapter"),
+        ({"mode": "unmerge", "adapter": "a8"}, "takes no adapter"),
+        ({"mode": 3}, "mode must be a string"),
+        ([1, 2], "must be"),
+    ],
+)
+def test_bad_mode_requests_are_400(server, body, reason):
+    response = httpx.post(server.url + "/vlora/mode", json=body, timeout=60)
+    assert response.status_code == 400
+    assert reason in response.text
+    assert httpx.get(server.url + "/vlora/status", timeout=60).json()["mode"] == "unmerge"
+
+
+def test_bad_json_is_400(server):
+    response = httpx.post(server.url + "/vlora/mode", content=b"{oops", timeout=60)
+    assert response.status_code == 400
+
+
+def test_the_merged_adapter_cannot_be_unloaded(server, unmerged_after):
+    assert set_mode(server, "merge", "a8").status_code == 200
+    response = httpx.post(server.url + "/unload_lora_adapter", json={"lora_name": "a8"}, timeout=60)
+    assert response.status_code == 400
+    assert "merged" in response.text
+    assert sglang_generate(server.url, TEXT, "a8", max_new_tokens=2).tokens
