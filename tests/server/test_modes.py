@@ -6,7 +6,14 @@ refuse bad values with a 400. The server is shared: every test ends unmerged."""
 import httpx
 import pytest
 
-from tests.server.reference import HFReference, assert_matches_reference, chat_text, make_image, sglang_generate
+from tests.server.reference import (
+    HFReference,
+    assert_matches_reference,
+    chat_text,
+    make_image,
+    png_base64,
+    sglang_generate,
+)
 
 ADAPTERS = [None, "a8", "b16", "c32"]
 TEXT = chat_text("What is in the image?", with_image=False)
@@ -101,3 +108,37 @@ def test_the_merged_adapter_cannot_be_unloaded(server, unmerged_after):
     assert response.status_code == 400
     assert "merged" in response.text
     assert sglang_generate(server.url, TEXT, "a8", max_new_tokens=2).tokens
+
+
+def test_image_kv_is_reused_across_modes_by_the_same_adapter(server, unmerged_after):
+    """KV computed unmerged serves the same adapter merged, and the other way round:
+    radix entries stay per adapter and every mode computes the same values."""
+    image = make_image(seed=33)
+    text = chat_text("Describe the picture.", with_image=True)
+    unmerged = sglang_generate(server.url, text, "c32", image=image)
+    assert set_mode(server, "merge", "c32").status_code == 200
+    body = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": text,
+            "lora_path": "c32",
+            "image_data": "data:image/png;base64," + png_base64(image),
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=120,
+    ).json()
+    assert body["meta_info"]["cached_tokens"] >= unmerged.prompt_tokens - 1
+    assert [t[1] for t in body["meta_info"]["output_token_logprobs"]] == unmerged.tokens
+    # Another adapter does not get c32's entries in any mode.
+    other = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": text,
+            "lora_path": "a8",
+            "image_data": "data:image/png;base64," + png_base64(image),
+            "sampling_params": {"max_new_tokens": 1},
+        },
+        timeout=120,
+    ).json()
+    assert other["meta_info"]["cached_tokens"] < unmerged.prompt_tokens - 1
