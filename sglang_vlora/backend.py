@@ -4,8 +4,9 @@ SGLang's LoRA manager hands the backend, before each forward, the memory-pool sl
 of every request and the rank and scaling of every slot. This backend turns that
 into :class:`~sglang_vlora.atmm.work_items.WorkItems` (one item per run of
 consecutive requests on the same adapter, ``scale = +scaling``; the no-adapter slot
-has rank 0 and produces no item) and runs every LoRA-wrapped layer through
-:mod:`sglang_vlora.atmm.ops`.
+has rank 0 and produces no item; with an adapter merged into the weights, the
+mixture items of :mod:`sglang_vlora.modes.delora`) and runs every LoRA-wrapped layer
+through :mod:`sglang_vlora.atmm.ops`.
 
 Two batch layouts:
 
@@ -128,11 +129,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         if use_prefill_cuda_graph:
             raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
-        scale_of_slot = [
-            float(scalings[slot]) if lora_ranks[slot] > 0 else 0.0
-            for slot in range(len(lora_ranks))
-        ]
         if use_cuda_graph:
+            scale_of_slot = [float(scalings[s]) if lora_ranks[s] > 0 else 0.0 for s in range(len(lora_ranks))]
             self._prepare_graph_batch(forward_batch, weight_indices, seq_lens, lora_ranks, scale_of_slot)
             return
         self.use_graph_path = False
