@@ -210,20 +210,35 @@ class SchedulerRPC:
     """The launcher's end of the scheduler's RPC socket (bound here: in HTTP-server
     mode SGLang's Engine, which would bind it, does not exist)."""
 
+    TIMEOUT_MS = 60_000
+
     def __init__(self, rpc_ipc_name: str) -> None:
+        self._address = rpc_ipc_name
+        self._lock = threading.Lock()
+        self._socket = self._open()
+
+    def _open(self):
         import zmq
         from sglang.srt.utils.network import get_zmq_socket
 
-        self._socket = get_zmq_socket(zmq.Context.instance(), zmq.DEALER, rpc_ipc_name, True)
-        self._socket.setsockopt(zmq.RCVTIMEO, 60_000)
-        self._lock = threading.Lock()
+        socket = get_zmq_socket(zmq.Context.instance(), zmq.DEALER, self._address, True)
+        socket.setsockopt(zmq.RCVTIMEO, self.TIMEOUT_MS)
+        return socket
 
     def call(self, method: str, parameters: dict | None) -> tuple[bool, str]:
+        """Send one RPC and wait for its answer; ``TimeoutError`` if none comes."""
+        import zmq
         from sglang.srt.managers.io_struct import RpcReqInput, sock_recv, sock_send
 
         with self._lock:
             sock_send(self._socket, RpcReqInput(method=method, parameters=parameters))
-            reply = sock_recv(self._socket)
+            try:
+                reply = sock_recv(self._socket)
+            except zmq.Again:
+                # A late answer must not be read as the next call's: start afresh.
+                self._socket.close(linger=0)
+                self._socket = self._open()
+                raise TimeoutError(f"the scheduler did not answer {method} in {self.TIMEOUT_MS // 1000} s") from None
         return reply.success, reply.message
 
 
@@ -250,7 +265,10 @@ async def refuse_unloading_merged_around(original, self, obj):
     import asyncio
 
     if _rpc is not None:
-        ok, message = await asyncio.to_thread(_rpc.call, RPC_STATUS, None)
+        try:
+            ok, message = await asyncio.to_thread(_rpc.call, RPC_STATUS, None)
+        except TimeoutError as exc:
+            raise ValueError(f"cannot check the merged adapter: {exc}") from exc
         if ok and json.loads(message).get("merged_adapter") == obj.lora_name:
             raise ValueError(f"adapter {obj.lora_name!r} is merged: POST /vlora/mode another mode first")
     return await original(self, obj)
@@ -262,7 +280,10 @@ def add_routes(rpc: SchedulerRPC) -> None:
     from sglang.srt.entrypoints.http_server import app
 
     async def call(method: str, parameters: dict | None) -> JSONResponse:
-        ok, message = await asyncio.to_thread(rpc.call, method, parameters)
+        try:
+            ok, message = await asyncio.to_thread(rpc.call, method, parameters)
+        except TimeoutError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=504)
         if not ok:
             return JSONResponse({"error": message}, status_code=400)
         return JSONResponse(json.loads(message))
