@@ -1,0 +1,1 @@
+"""Benchmarks: kernels, mode switch, serving workloads and the open-loop client."""
