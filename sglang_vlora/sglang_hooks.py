@@ -160,6 +160,12 @@ def _mode_hooks() -> list[Hook]:
             "the merged adapter's pool slot feeds the mixture (-k) items: never evict it",
         ),
         Hook(
+            f"{lora}.lora_manager.LoRAManager.validate_lora_batch",
+            HookType.AROUND,
+            mode_hooks.count_merged_around,
+            "admission counts the merged adapter's pool slot, so the pool never runs out of slots",
+        ),
+        Hook(
             f"{lora}.lora_manager.LoRAManager.unload_lora_adapter",
             HookType.AROUND,
             mode_hooks.unload_around,

@@ -176,6 +176,15 @@ def keep_merged_resident_before(self, *args, **kwargs):
     return (self, *args), kwargs
 
 
+def count_merged_around(original, self, lora_ids, *args, **kwargs):
+    """AROUND ``LoRAManager.validate_lora_batch`` (the scheduler's admission check):
+    the merged adapter occupies a pool slot, so a batch may hold one adapter fewer."""
+    ctl = _controller
+    if ctl is not None and ctl.merged_uid is not None:
+        lora_ids = set(lora_ids) | {ctl.merged_uid}
+    return original(self, lora_ids, *args, **kwargs)
+
+
 def unload_around(original, self, lora_ref, *args, **kwargs):
     """AROUND ``LoRAManager.unload_lora_adapter``: refuse to unload the merged adapter
     (a failed result, which SGLang turns into a 400), forget the factors of others."""

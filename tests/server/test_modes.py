@@ -142,3 +142,34 @@ def test_image_kv_is_reused_across_modes_by_the_same_adapter(server, unmerged_af
         timeout=120,
     ).json()
     assert other["meta_info"]["cached_tokens"] < unmerged.prompt_tokens - 1
+
+
+def test_batches_leave_a_slot_for_the_merged_adapter(server, tmp_path, unmerged_after):
+    """With 4 pool slots and a8 merged (holding one), a request set naming four other
+    adapters (base included) is split over batches, not crashed, and each answer is right."""
+    import shutil
+
+    copy = tmp_path / "c32_copy"
+    shutil.copytree(server.adapters["c32"], copy)
+    loaded = httpx.post(
+        server.url + "/load_lora_adapter", json={"lora_name": "c32_copy", "lora_path": str(copy)}, timeout=120
+    )
+    assert loaded.status_code == 200, loaded.text
+    others = [None, "b16", "c32", "c32_copy"]
+    alone = {a: sglang_generate(server.url, TEXT, a) for a in others}
+    assert set_mode(server, "merge", "a8").status_code == 200
+    response = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": [TEXT] * len(others),
+            "lora_path": others,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=180,
+    )
+    assert response.status_code == 200, response.text
+    for adapter, body in zip(others, response.json(), strict=True):
+        tokens = [t[1] for t in body["meta_info"]["output_token_logprobs"]]
+        assert tokens == alone[adapter].tokens, adapter
+    assert server.alive()
