@@ -27,7 +27,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
+from sglang_vlora.atmm.tune import graph_replay_us
 from sglang_vlora.atmm.work_items import build_work_items
 
 SHAPES = {
@@ -278,29 +278,16 @@ class Cell:
         return ((got - ref).norm() / ref.norm()).item()
 
     def time_us(self, method: str, iters: int) -> float:
+        """Median microseconds of one call, from a graph over every rotated input set."""
         for t in self.sets[:2]:
             self.run(method, t)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+
+        def all_sets() -> None:
             for t in self.sets:
                 self.run(method, t)
-        graph.replay()
-        graph.replay()
-        times = []
-        for _ in range(iters):
-            start, end = (
-                torch.cuda.Event(enable_timing=True),
-                torch.cuda.Event(enable_timing=True),
-            )
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0 / self.copies)
-        return statistics.median(times)
+
+        return graph_replay_us(all_sets, iters) / self.copies
 
 
 def main() -> None:

@@ -177,28 +177,10 @@ def lora_shrink_static(
     """Graph-safe shrink. Returns ``[items.max_rows(x.shape[0]), S * max_rank]`` in
     ``x.dtype``; rows past the items' rows and columns past ``S * r`` are zero (or
     unset with ``zero_fill=False``: expand never reads them)."""
-    from sglang_vlora.atmm import triton_kernels
-
     _check_shrink_shapes(x, a_buffer)
     m = x.shape[0]
     cfg = _shrink_cfg(x, a_buffer.shape[2], a_buffer.shape[1], m)
-    alloc = torch.zeros if zero_fill else torch.empty
-    inter = alloc((items.max_rows(m), a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    triton_kernels.launch_shrink(
-        x,
-        a_buffer,
-        inter,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.row_starts,
-        items.ranks,
-        items.permutation,
-        num_slices,
-        items.max_rows(m),
-        cfg,
-    )
-    return inter
+    return _launch_shrink(x, a_buffer, items, num_slices, items.max_rows(m), cfg, zero_fill)
 
 
 def lora_expand_static(
@@ -275,14 +257,27 @@ def _shrink_kernel(
     num_slices: int,
     zero_fill: bool = True,
 ) -> torch.Tensor:
+    if items.num_items == 0:
+        return torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    cfg = _shrink_cfg(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
+    return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill)
+
+
+def _launch_shrink(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    items: WorkItems | StaticWorkItems,
+    num_slices: int,
+    rows: int,
+    cfg,
+    zero_fill: bool,
+) -> torch.Tensor:
+    """Allocate the ``[rows, S * max_rank]`` intermediate and run the shrink kernel
+    (eager and graph-safe items carry the same device tensors)."""
     from sglang_vlora.atmm import triton_kernels
 
-    n_cols = a_buffer.shape[1]
-    if items.num_items == 0:
-        return torch.zeros((items.total_rows, n_cols), dtype=x.dtype, device=x.device)
-    cfg = _shrink_cfg(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
     alloc = torch.zeros if zero_fill else torch.empty
-    inter = alloc((items.total_rows, n_cols), dtype=x.dtype, device=x.device)
+    inter = alloc((rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     triton_kernels.launch_shrink(
         x,
         a_buffer,
@@ -294,7 +289,7 @@ def _shrink_kernel(
         items.ranks,
         items.permutation,
         num_slices,
-        items.total_rows,
+        rows,
         cfg,
     )
     return inter

@@ -159,24 +159,31 @@ def time_candidate(problem: Problem, cfg: Any, reps: int, iters: int) -> float:
 def time_launch(fn: Callable[[], None], reps: int, iters: int) -> float:
     """Median microseconds of one launch, from CUDA-graph replays of ``reps`` launches."""
     fn()
+
+    def launches() -> None:
+        for _ in range(reps):
+            fn()
+
+    return graph_replay_us(launches, iters) / reps
+
+
+def graph_replay_us(capture: Callable[[], None], iters: int) -> float:
+    """Capture ``capture()`` into one CUDA graph and return the median microseconds of
+    a replay over ``iters`` timed replays (after one untimed warm-up replay)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            fn()
+        capture()
     graph.replay()
     times = []
     for _ in range(iters):
-        start, end = (
-            torch.cuda.Event(enable_timing=True),
-            torch.cuda.Event(enable_timing=True),
-        )
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / reps)
+        times.append(start.elapsed_time(end) * 1000.0)
     return statistics.median(times)
 
 

@@ -66,6 +66,22 @@ def sglang_generate(
     return parse_generation(response.json())
 
 
+def sglang_generate_batch(url: str, text: str, adapters: list[str | None], max_new_tokens: int = 8) -> list[Generation]:
+    """One /generate call with one prompt per adapter: SGLang schedules it as one batch."""
+    response = httpx.post(
+        url + "/generate",
+        json={
+            "text": [text] * len(adapters),
+            "lora_path": adapters,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=180,
+    )
+    response.raise_for_status()
+    return [parse_generation(body) for body in response.json()]
+
+
 def parse_generation(body: dict) -> Generation:
     meta = body["meta_info"]
     return Generation(

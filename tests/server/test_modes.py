@@ -13,6 +13,7 @@ from tests.server.reference import (
     make_image,
     png_base64,
     sglang_generate,
+    sglang_generate_batch,
 )
 
 ADAPTERS = [None, "a8", "b16", "c32"]
@@ -52,19 +53,9 @@ def test_every_request_matches_hf_with_an_adapter_merged(server, reference, unme
 def test_a_mixed_batch_in_mixture_mode(server, unmerged_after):
     alone = {a: sglang_generate(server.url, TEXT, a) for a in ADAPTERS}
     assert set_mode(server, "mixture", "b16").status_code == 200
-    response = httpx.post(
-        server.url + "/generate",
-        json={
-            "text": [TEXT] * len(ADAPTERS),
-            "lora_path": ADAPTERS,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True,
-        },
-        timeout=120,
-    )
-    for adapter, body in zip(ADAPTERS, response.json(), strict=True):
-        tokens = [t[1] for t in body["meta_info"]["output_token_logprobs"]]
-        assert tokens == alone[adapter].tokens, adapter
+    batch = sglang_generate_batch(server.url, TEXT, ADAPTERS)
+    for adapter, gen in zip(ADAPTERS, batch, strict=True):
+        assert gen.tokens == alone[adapter].tokens, adapter
 
 
 def test_switches_and_unmerge_restore_the_base(server, reference, unmerged_after):
@@ -158,18 +149,7 @@ def test_batches_leave_a_slot_for_the_merged_adapter(server, tmp_path, unmerged_
     others = [None, "b16", "c32", "c32_copy"]
     alone = {a: sglang_generate(server.url, TEXT, a) for a in others}
     assert set_mode(server, "merge", "a8").status_code == 200
-    response = httpx.post(
-        server.url + "/generate",
-        json={
-            "text": [TEXT] * len(others),
-            "lora_path": others,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True,
-        },
-        timeout=180,
-    )
-    assert response.status_code == 200, response.text
-    for adapter, body in zip(others, response.json(), strict=True):
-        tokens = [t[1] for t in body["meta_info"]["output_token_logprobs"]]
-        assert tokens == alone[adapter].tokens, adapter
+    batch = sglang_generate_batch(server.url, TEXT, others)
+    for adapter, gen in zip(others, batch, strict=True):
+        assert gen.tokens == alone[adapter].tokens, adapter
     assert server.alive()

@@ -12,9 +12,9 @@ from tests.server.reference import (
     LOGPROB_TOL,
     chat_text,
     make_image,
-    parse_generation,
     png_base64,
     sglang_generate,
+    sglang_generate_batch,
 )
 
 TEXT = chat_text("What is in the image?", with_image=False)
@@ -68,20 +68,9 @@ def test_openai_client_with_adapter_and_image(server):
 def test_one_batch_of_three_adapters_and_base(server):
     adapters = [None, "a8", "b16", "c32"]
     alone = {a: sglang_generate(server.url, TEXT, a) for a in adapters}
-    # One /generate call with a list of prompts is scheduled as one batch.
-    response = httpx.post(
-        server.url + "/generate",
-        json={
-            "text": [TEXT] * len(adapters),
-            "lora_path": adapters,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True,
-        },
-        timeout=120,
-    )
-    response.raise_for_status()
-    for adapter, body in zip(adapters, response.json(), strict=True):
-        assert_same_generation(parse_generation(body), alone[adapter], f"adapter={adapter}")
+    batch = sglang_generate_batch(server.url, TEXT, adapters)
+    for adapter, gen in zip(adapters, batch, strict=True):
+        assert_same_generation(gen, alone[adapter], f"adapter={adapter}")
 
 
 def test_load_and_unload_adapter_at_runtime(server, tmp_path):
