@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, fields
 ENV_VAR = "SGLANG_VLORA_CONFIG"
 PLUGIN_NAME = "vlora"
 ATMM_IMPLS = ("auto", "torch")
+# "manual": no orchestrator; modes change only through POST /vlora/mode.
+POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,29 @@ class VLoRAConfig:
     cpu_defaults: bool = True
     # KV-cache size in tokens used by the CPU defaults.
     cpu_max_total_tokens: int = 65536
+    # Scheduling policy that picks mode, merged adapter and batch every iteration
+    # (sglang_vlora.orchestrator); the comparison policies exist for benchmarks.
+    policy: str = "vlora"
+    # Starvation threshold on a request's credit, seconds (Algorithm 1's theta).
+    theta: float = 1.0
+    # Requests per iteration the policy plans for; None: SGLang's max running requests.
+    max_batch: int | None = None
+    # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
+    cost_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.atmm_impl not in ATMM_IMPLS:
             raise ValueError(f"--vlora-atmm-impl must be one of {ATMM_IMPLS}, got {self.atmm_impl!r}")
         if self.cpu_max_total_tokens <= 0:
             raise ValueError("--vlora-cpu-max-total-tokens must be positive")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--vlora-policy must be one of {POLICIES}, got {self.policy!r}")
+        if not self.theta >= 0 or self.theta == float("inf"):
+            raise ValueError(f"--vlora-theta must be a finite number of seconds >= 0, got {self.theta}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
+        if self.cost_model is not None and not os.path.isfile(self.cost_model):
+            raise ValueError(f"--vlora-cost-model: no such file {self.cost_model!r}")
 
     def to_env(self) -> None:
         os.environ[ENV_VAR] = json.dumps(asdict(self))
@@ -58,6 +77,10 @@ class VLoRAConfig:
             atmm_impl=args.vlora_atmm_impl,
             cpu_defaults=not args.vlora_no_cpu_defaults,
             cpu_max_total_tokens=args.vlora_cpu_max_total_tokens,
+            policy=args.vlora_policy,
+            theta=args.vlora_theta,
+            max_batch=args.vlora_max_batch,
+            cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
         )
 
 
@@ -88,4 +111,32 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.cpu_max_total_tokens,
         help="KV-cache size (tokens) set by the CPU defaults when --max-total-tokens is not given.",
+    )
+    group.add_argument(
+        "--vlora-policy",
+        choices=POLICIES,
+        default=defaults.policy,
+        help="Scheduling policy: vlora (Algorithm 1: merge / mixture / unmerge per iteration); "
+        "merge-only, unmerge-only, dlora (comparison policies for benchmarks); manual (modes only "
+        "through POST /vlora/mode).",
+    )
+    group.add_argument(
+        "--vlora-theta",
+        type=float,
+        default=defaults.theta,
+        help="Starvation threshold in seconds: a request whose credit (waiting time + expected "
+        "execution + switch latency) exceeds it is served out of turn.",
+    )
+    group.add_argument(
+        "--vlora-max-batch",
+        type=int,
+        default=None,
+        help="Requests per iteration the policy plans for (default: SGLang's max running requests).",
+    )
+    group.add_argument(
+        "--vlora-cost-model",
+        default=None,
+        metavar="JSON",
+        help="Cost model file (schema sglang-vlora/cost-model/v1) with measured token latencies "
+        "and switch times; default: measured while serving.",
     )

@@ -75,6 +75,22 @@ CPU_DEFAULTS = {
 }
 
 
+def _check_policy_fits(args: argparse.Namespace, cfg: vlora_config.VLoRAConfig) -> None:
+    """Refuse, at launch, an orchestrator the server cannot run as asked."""
+    if cfg.policy in ("manual", "unmerge-only"):
+        return
+    if args.lora_backend != "atmm":
+        raise SystemExit(
+            f"--vlora-policy {cfg.policy} merges adapters and needs --lora-backend atmm "
+            f"(got {args.lora_backend}); use --vlora-policy unmerge-only or manual with other backends"
+        )
+    if (getattr(args, "pp_size", 1) or 1) > 1 or getattr(args, "enable_dp_attention", False):
+        raise SystemExit(
+            f"--vlora-policy {cfg.policy} supports tensor parallelism only (not pipeline parallelism "
+            "or DP attention); use --vlora-policy manual"
+        )
+
+
 def apply_server_defaults(args: argparse.Namespace, cfg: vlora_config.VLoRAConfig) -> None:
     """LoRA on with backend ``atmm`` unless the user chose otherwise; CPU defaults
     when no GPU is present."""
@@ -82,6 +98,7 @@ def apply_server_defaults(args: argparse.Namespace, cfg: vlora_config.VLoRAConfi
         args.enable_lora = True
     if args.lora_backend is None:
         args.lora_backend = "atmm"
+    _check_policy_fits(args, cfg)
     if cpu_compat.gpu_present() or not cfg.cpu_defaults:
         return
     for name, value in CPU_DEFAULTS.items():

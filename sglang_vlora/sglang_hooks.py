@@ -192,7 +192,40 @@ def _mode_hooks() -> list[Hook]:
     ]
 
 
-ACTIVE_HOOKS: list[Hook] = _head_hooks() + _mode_hooks()
+def _orchestrator_hooks() -> list[Hook]:
+    from sglang_vlora.orchestrator import scheduler_hooks
+
+    scheduler = "sglang.srt.managers.scheduler.Scheduler"
+    return [
+        Hook(
+            f"{scheduler}.get_next_batch_to_run",
+            HookType.AROUND,
+            scheduler_hooks.get_next_batch_around,
+            "SGLang has no policy registry: decide mode and batch, and switch weights, "
+            "between forward passes before SGLang picks the next batch",
+        ),
+        Hook(
+            f"{scheduler}.can_schedule_lora_req",
+            HookType.AROUND,
+            scheduler_hooks.can_schedule_around,
+            "admit only the waiting requests the policy chose",
+        ),
+        Hook(
+            f"{scheduler}.run_batch",
+            HookType.BEFORE,
+            scheduler_hooks.run_batch_before,
+            "count each batch under the mode it runs in and time it (measured cost model)",
+        ),
+        Hook(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_and_resolve_lora",
+            HookType.AROUND,
+            scheduler_hooks.validate_slo_around,
+            "a malformed application or SLO in custom_params gets a 400 with the reason",
+        ),
+    ]
+
+
+ACTIVE_HOOKS: list[Hook] = _head_hooks() + _mode_hooks() + _orchestrator_hooks()
 
 
 # ------------------------------------------------------------------- machinery

@@ -98,7 +98,9 @@ def stop(server: Server) -> None:
 @pytest.fixture(scope="session")
 def server(tiny_assets, tmp_path_factory) -> Server:
     model, adapters = tiny_assets
-    srv = launch(model, adapters, tmp_path_factory.mktemp("server") / "server.log", [])
+    # Modes set by hand (POST /vlora/mode): the orchestrator has its own server in
+    # tests/server/test_orchestrator.py.
+    srv = launch(model, adapters, tmp_path_factory.mktemp("server") / "server.log", ["--vlora-policy", "manual"])
     yield srv
     stop(srv)
 

@@ -1,11 +1,13 @@
 """The orchestrator's decisions as pure logic (paper §4.4.3): no torch, no SGLang.
 
-The scheduler glue builds a :class:`SchedulerState` every iteration, calls
-``policy.decide(state)`` and applies the :class:`Decision`.
+The scheduler glue (:mod:`sglang_vlora.orchestrator.scheduler_hooks`, the only module
+here that touches SGLang, imported by the plugin alone) builds a
+:class:`SchedulerState` every iteration, calls ``policy.decide(state)`` and applies the
+:class:`Decision`.
 """
 
 from sglang_vlora.orchestrator import baselines as baselines  # registers the comparison policies
-from sglang_vlora.orchestrator.cost_model import CostModel, CostModelError, load_cost_model
+from sglang_vlora.orchestrator.cost_model import CostModel, CostModelError, MeasuredCosts, load_cost_model
 from sglang_vlora.orchestrator.policy import (
     PolicyConfig,
     SchedulingPolicy,
@@ -19,6 +21,7 @@ __all__ = [
     "CostModel",
     "CostModelError",
     "Decision",
+    "MeasuredCosts",
     "Mode",
     "PolicyConfig",
     "Request",

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,82 @@ def load_cost_model(
         f"no cost model: give a JSON file in the {SCHEMA} schema (see "
         "sglang_vlora.orchestrator.cost_model) or a measurement callable that returns one"
     )
+
+
+class MeasuredCosts:
+    """A cost model measured while serving, for a server started without a cost file.
+
+    The server reports the wall time of every iteration with the mode it ran in and its
+    prefill tokens, and every weight switch with its kind and rank; :meth:`snapshot`
+    turns the last ``window`` of each into a :class:`CostModel`:
+
+    * ``prefill_token`` = total seconds / total prompt tokens over the mode's prefill
+      iterations; ``decode_step`` = mean seconds of its decode iterations;
+    * a mode not measured yet is charged the slowest measured mode's latency (the
+      estimate errs towards serving a request sooner), and before anything is measured
+      execution costs 0 (credit = waiting time + switch);
+    * switch fits as in the file schema; an unmeasured ``unmerge`` borrows the
+      ``merge`` fit and vice versa (both read and write every targeted weight once);
+      with neither, switches cost 0 until one is measured.
+    """
+
+    def __init__(self, layers: int, window: int = 64) -> None:
+        if layers <= 0 or window <= 0:
+            raise CostModelError("layers and window must be positive")
+        self.layers = layers
+        self._prefill = {mode: deque(maxlen=window) for mode in Mode}  # (tokens, seconds)
+        self._decode = {mode: deque(maxlen=window) for mode in Mode}  # seconds
+        self._switch = {kind: deque(maxlen=window) for kind in SWITCH_KINDS}  # (rank, layers, seconds)
+        self._snapshot: CostModel | None = None
+
+    def record_iteration(self, mode: Mode, prefill_tokens: int, seconds: float) -> None:
+        """One forward iteration: a prefill (``prefill_tokens`` > 0) or a decode step."""
+        if seconds < 0 or not math.isfinite(seconds):
+            return
+        if prefill_tokens > 0:
+            self._prefill[Mode(mode)].append((prefill_tokens, seconds))
+        else:
+            self._decode[Mode(mode)].append(seconds)
+        self._snapshot = None
+
+    def record_switch(self, kind: str, rank: int, seconds: float) -> None:
+        """One weight switch of ``kind`` (merge, unmerge, fused; fused keyed by r_a + r_b)."""
+        if kind not in SWITCH_KINDS:
+            raise CostModelError(f"unknown switch kind {kind!r}; known: {list(SWITCH_KINDS)}")
+        if seconds < 0 or not math.isfinite(seconds) or rank <= 0:
+            return
+        self._switch[kind].append((rank, self.layers, seconds))
+        self._snapshot = None
+
+    def measured_switches(self) -> int:
+        return sum(len(points) for points in self._switch.values())
+
+    def snapshot(self) -> CostModel:
+        if self._snapshot is None:
+            prefill = {
+                mode: sum(s for _, s in pts) / sum(t for t, _ in pts)
+                for mode, pts in self._prefill.items()
+                if pts
+            }
+            decode = {mode: sum(pts) / len(pts) for mode, pts in self._decode.items() if pts}
+            fits = {kind: SwitchFit.fit(list(pts)) for kind, pts in self._switch.items() if pts}
+            free = SwitchFit(0.0, 0.0)
+            merge = fits.get("merge", fits.get("unmerge", free))
+            self._snapshot = CostModel(
+                _fill_modes(prefill),
+                _fill_modes(decode),
+                merge,
+                fits.get("unmerge", merge),
+                fits.get("fused"),
+                self.layers,
+                "measured while serving",
+            )
+        return self._snapshot
+
+
+def _fill_modes(measured: Mapping[Mode, float]) -> dict[Mode, float]:
+    slowest = max(measured.values(), default=0.0)
+    return {mode: measured.get(mode, slowest) for mode in Mode}
 
 
 def _rank(ranks: Mapping[str, int], adapter: str) -> int:

@@ -69,7 +69,10 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert fields["lora_backend"] == "atmm"
     assert fields["enable_lora"] is True
     assert result["atmm_registered"]
-    assert json.loads(result["config_env"]) == {"atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536}
+    assert json.loads(result["config_env"]) == {
+        "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
+        "policy": "vlora", "theta": 1.0, "max_batch": None, "cost_model": None,
+    }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
     assert result["pinning_patched"]
@@ -82,7 +85,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
 
 def test_explicit_flags_win_over_plugin_defaults():
     result = probe(
-        ["--plugin", "vlora", "--lora-backend", "triton", "--max-total-tokens", "4096",
+        ["--plugin", "vlora", "--vlora-policy", "manual", "--lora-backend", "triton", "--max-total-tokens", "4096",
          "--vlora-atmm-impl", "torch", *BASE_ARGS]
     )
     assert result["fields"]["lora_backend"] == "triton"
@@ -103,6 +106,44 @@ def test_unknown_plugin_name_is_refused():
 def test_bad_option_value_is_refused():
     result = probe(["--plugin", "vlora", "--vlora-cpu-max-total-tokens", "0", *BASE_ARGS])
     assert "must be positive" in result.get("exit", "")
+
+
+@pytest.mark.parametrize(
+    "flags, reason",
+    [
+        (["--vlora-max-batch", "0"], "--vlora-max-batch must be"),
+        (["--lora-backend", "triton"], "needs --lora-backend atmm"),
+        (["--vlora-policy", "dlora", "--pp-size", "2"], "tensor parallelism only"),
+    ],
+)
+def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
+    result = probe(["--plugin", "vlora", *flags, *BASE_ARGS])
+    assert reason in result.get("exit", ""), result
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ({"policy": "fifo"}, "--vlora-policy must be one of"),
+        ({"theta": -1.0}, "--vlora-theta must be"),
+        ({"theta": float("inf")}, "--vlora-theta must be"),
+        ({"theta": float("nan")}, "--vlora-theta must be"),
+        ({"max_batch": 0}, "--vlora-max-batch must be"),
+        ({"cost_model": "no/such/costs.json"}, "no such file"),
+    ],
+)
+def test_bad_orchestrator_options_are_refused(options, reason):
+    with pytest.raises(ValueError, match=reason):
+        VLoRAConfig(**options)
+
+
+def test_orchestrator_flags_reach_the_children():
+    result = probe(
+        ["--plugin", "vlora", "--vlora-policy", "unmerge-only", "--lora-backend", "triton",
+         "--vlora-theta", "0.25", "--vlora-max-batch", "12", *BASE_ARGS]
+    )
+    config = json.loads(result["config_env"])
+    assert (config["policy"], config["theta"], config["max_batch"]) == ("unmerge-only", 0.25, 12)
 
 
 def test_config_round_trips_through_the_environment(monkeypatch):

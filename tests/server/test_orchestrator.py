@@ -1,0 +1,139 @@
+"""The orchestrator in a real server (``--vlora-policy vlora``, the default): a workload
+with 80% of requests on one adapter runs mostly merged, a uniform 4-adapter workload runs
+unmerged, and every output passes the parity suite's check against HF + peft whatever
+mode it ran in. Operator controls and request fields refuse bad values with a 400."""
+
+import random
+
+import httpx
+import pytest
+
+from tests.conftest import launch, stop
+from tests.server.reference import HFReference, assert_matches_reference, chat_text, parse_generation
+
+MAX_BATCH = 16
+ALL = ["a8", "b16", "c32", "d8"]
+
+
+@pytest.fixture(scope="module")
+def orchestrated(tiny_assets, tmp_path_factory):
+    model, adapters = tiny_assets
+    # d8 is a8's files under a second name: a fourth adapter for the uniform workload.
+    adapters = {**adapters, "d8": adapters["a8"]}
+    srv = launch(
+        model, adapters, tmp_path_factory.mktemp("orchestrated") / "server.log",
+        # theta far above the run time: nothing starves, so the mode follows the workload mix.
+        ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
+         "--enable-metrics"],
+    )
+    yield srv
+    stop(srv)
+
+
+@pytest.fixture(scope="module")
+def reference(orchestrated) -> HFReference:
+    return HFReference(orchestrated.model_dir, orchestrated.adapters)
+
+
+def status(server) -> dict:
+    response = httpx.get(server.url + "/vlora/status", timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def run_workload(server, reference, adapters: list[str | None]) -> dict[str, int]:
+    """Send the requests in one call (they queue together), check every output against
+    HF + peft, return the iterations each mode ran."""
+    texts = [chat_text(f"Describe scene number {i}.", with_image=False) for i in range(len(adapters))]
+    before = status(server)["orchestrator"]["iterations"]
+    response = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": texts,
+            "lora_path": adapters,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=600,
+    )
+    response.raise_for_status()
+    after = status(server)["orchestrator"]["iterations"]
+    for text, adapter, body in zip(texts, adapters, response.json(), strict=True):
+        assert_matches_reference(reference, parse_generation(body), text, None, adapter)
+    return {mode: after[mode] - before[mode] for mode in after}
+
+
+def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
+    adapters = ["a8"] * 26 + ["b16", "c32", "d8", None, "b16", "c32"]  # 81% on a8
+    random.Random(0).shuffle(adapters)
+    ran = run_workload(orchestrated, reference, adapters)
+    total = sum(ran.values())
+    assert ran["merge"] + ran["mixture"] >= total / 2, ran
+    assert ran["merge"] > ran["unmerge"], ran
+    state = status(orchestrated)
+    assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
+    assert state["mode"] == "unmerge"  # the other adapters' requests ran last
+
+
+def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
+    adapters = ALL * (MAX_BATCH // len(ALL))  # every adapter holds a quarter of the batch
+    random.Random(1).shuffle(adapters)
+    ran = run_workload(orchestrated, reference, adapters)
+    assert ran["merge"] == ran["mixture"] == 0 and ran["unmerge"] > 0, ran
+
+
+def test_status_reports_the_policy_and_measured_costs(orchestrated):
+    report = status(orchestrated)["orchestrator"]
+    assert (report["policy"], report["theta_s"], report["max_batch"]) == ("vlora", 60.0, MAX_BATCH)
+    assert report["cost_model"]["source"] == "measured while serving"
+    assert report["cost_model"]["decode_step_s"]["unmerge"] > 0
+    assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
+
+
+def test_metrics_carry_modes_switches_and_queues(orchestrated):
+    text = httpx.get(orchestrated.url + "/metrics", timeout=60).text
+    for series in (
+        'sglang:vlora_iterations_total{mode="unmerge"}',
+        "sglang:vlora_switches_total",
+        "sglang:vlora_switch_seconds_total",
+        "sglang:vlora_last_switch_seconds",
+        "sglang:vlora_starving_requests",
+        'sglang:vlora_queue_requests{adapter="a8"}',
+        'sglang:vlora_mode{mode="merge"}',
+    ):
+        assert series in text, series
+
+
+def test_modes_cannot_be_set_by_hand_under_a_policy(orchestrated):
+    response = httpx.post(orchestrated.url + "/vlora/mode", json={"mode": "merge", "adapter": "a8"}, timeout=60)
+    assert response.status_code == 400
+    assert "--vlora-policy manual" in response.json()["error"]
+
+
+def generate(server, custom_params: dict) -> httpx.Response:
+    return httpx.post(
+        server.url + "/generate",
+        json={
+            "text": chat_text("Count the cars.", with_image=False),
+            "lora_path": "b16",
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0, "custom_params": custom_params},
+        },
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "custom_params", [{"vlora_slo_ms": -1}, {"vlora_slo_ms": "soon"}, {"vlora_app": ""}, {"vlora_app": 3}]
+)
+def test_a_malformed_slo_is_a_400_and_the_server_keeps_serving(orchestrated, custom_params):
+    response = generate(orchestrated, custom_params)
+    assert response.status_code == 400, response.text
+    assert "custom_params.vlora_" in response.text
+    assert generate(orchestrated, {}).status_code == 200
+
+
+def test_an_application_and_slo_change_nothing_in_the_answer(orchestrated):
+    plain = generate(orchestrated, {})
+    tagged = generate(orchestrated, {"vlora_app": "video", "vlora_slo_ms": 500})
+    assert tagged.status_code == 200
+    assert tagged.json()["text"] == plain.json()["text"]
