@@ -193,7 +193,11 @@ class _Kind:
     def restore(self) -> None:
         """``W <- W0``: bit-exact, no arithmetic."""
         assert self.pristine is not None
-        if self.stack is not None:
+        if self.path == "fold":
+            from sglang_vlora.modes.fold_kernel import copy_stack
+
+            copy_stack(self.stack, self.pristine)
+        elif self.stack is not None:
             self.stack.copy_(self.pristine, non_blocking=True)
         else:
             for w, p in zip(self.layers, self.pristine, strict=True):

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from sglang_vlora.modes.fold_kernel import FoldConfig, fold
+from sglang_vlora.modes.fold_kernel import FoldConfig, copy_stack, fold
 from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, slice_kinds
 
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3}
@@ -40,6 +40,20 @@ def test_fold_on_slice_views(dtype, rank):
     fold(view, view, b, a, 0.5, FoldConfig(16, 32, 4))  # in place
     assert rel(view, ref) <= TOL[dtype]
     assert torch.equal(fused[:, :8], before[:, :8]) and torch.equal(fused[:, 33:], before[:, 33:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_stack_restores_slice_views_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(7)
+    fused = torch.randn(3, 40, 70, generator=g).to(dtype)
+    before = fused.clone()
+    pristine = torch.randn(3, 25, 70, generator=g).to(dtype)
+    view = fused[:, 8:33]
+    copy_stack(view, pristine, FoldConfig(16, 32, 4))
+    assert torch.equal(view, pristine)
+    assert torch.equal(fused[:, :8], before[:, :8]) and torch.equal(fused[:, 33:], before[:, 33:])
+    with pytest.raises(ValueError, match="copy_stack"):
+        copy_stack(view, pristine[:, :5])
 
 
 def test_fold_rejects_bad_shapes():
