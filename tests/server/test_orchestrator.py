@@ -23,8 +23,10 @@ def orchestrated(tiny_assets, tmp_path_factory):
     srv = launch(
         model, adapters, tmp_path_factory.mktemp("orchestrated") / "server.log",
         # theta far above the run time: nothing starves, so the mode follows the workload mix.
+        # Small prefill chunks: long prompts are chunked, and the chunked request is part of
+        # the policy's running set.
         ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
-         "--enable-metrics"],
+         "--enable-metrics", "--chunked-prefill-size", "64"],
     )
     yield srv
     stop(srv)
@@ -80,6 +82,29 @@ def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
     random.Random(1).shuffle(adapters)
     ran = run_workload(orchestrated, reference, adapters)
     assert ran["merge"] == ran["mixture"] == 0 and ran["unmerge"] > 0, ran
+
+
+def test_chunked_long_prompts_and_shared_prefixes_match_hf(orchestrated, reference):
+    """Prompts of ~150 tokens (3 prefill chunks each) sharing a long prefix (radix cache hits
+    within each adapter), on a skewed mix: whatever mode each chunk ran in, outputs match."""
+    shared = " ".join(f"frame{i} shows a red car and a blue truck." for i in range(12))
+    texts = [chat_text(f"{shared} Question {i}: how many vehicles?", with_image=False) for i in range(8)]
+    adapters = ["a8", "a8", "a8", "a8", "a8", "b16", None, "c32"]
+    response = httpx.post(
+        orchestrated.url + "/generate",
+        json={
+            "text": texts,
+            "lora_path": adapters,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=600,
+    )
+    response.raise_for_status()
+    bodies = response.json()
+    assert max(b["meta_info"]["prompt_tokens"] for b in bodies) > 128
+    for text, adapter, body in zip(texts, adapters, bodies, strict=True):
+        assert_matches_reference(reference, parse_generation(body), text, None, adapter)
 
 
 def test_status_reports_the_policy_and_measured_costs(orchestrated):
