@@ -19,6 +19,13 @@ No table for the device, or no entry for the op: :func:`default_shrink` /
 :func:`default_expand`. Lookups are cached per (device, op, key), cost well under 2 us
 once warm and never touch the GPU.
 
+Two implementations. Every entry's ``config`` is the Triton kernel's best config; an
+entry tuned with the CUDA C++ implementation too also has ``"cuda": {"config", "us"}``
+(a config of an instantiated CUDA tile, :data:`CUDA_SHRINK_TILES` /
+:data:`CUDA_EXPAND_TILES`) and ``"impl"``, the faster of the two. :func:`shrink_choice`
+/ :func:`expand_choice` return ``("cuda", cuda config)`` only where the entry says
+``impl == "cuda"``; an entry without ``impl`` (older tables) means Triton.
+
 Tables are JSON files in ``tables/`` named after ``torch.cuda.get_device_name()``
 (``_`` for anything but letters and digits); ``SGLANG_VLORA_ATMM_TABLE_DIR`` adds a
 directory searched first.
@@ -188,19 +195,183 @@ def nearest_entry(entries: list[dict[str, Any]], op: str, key: dict[str, int]) -
     return entries[0] if entries else None
 
 
+def _lookup(device_name: str, op: str, key: dict[str, int]) -> dict | None:
+    table = load_table(device_name)
+    return nearest_entry(table.get(op, []), op, key) if table else None
+
+
 @functools.lru_cache(maxsize=65536)
 def shrink_config(device_name: str, k: int, n: int, m: int) -> ShrinkConfig:
-    table = load_table(device_name)
-    entry = nearest_entry(table.get("shrink", []), "shrink", {"k": k, "n": n, "m": m}) if table else None
+    """The Triton shrink config of the nearest tuned shape."""
+    entry = _lookup(device_name, "shrink", {"k": k, "n": n, "m": m})
     return ShrinkConfig(**entry["config"]) if entry else default_shrink(k, n, m)
 
 
 @functools.lru_cache(maxsize=65536)
 def expand_config(device_name: str, n: int, s: int, r: int, m: int) -> ExpandConfig:
-    table = load_table(device_name)
-    key = {"n": n, "s": s, "r": r, "m": m}
-    entry = nearest_entry(table.get("expand", []), "expand", key) if table else None
+    """The Triton expand config of the nearest tuned shape."""
+    entry = _lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m})
     return ExpandConfig(**entry["config"]) if entry else default_expand(n, s, r, m)
+
+
+def _cuda_entry(entry: dict | None) -> dict | None:
+    return entry.get("cuda") if entry else None
+
+
+@functools.lru_cache(maxsize=65536)
+def shrink_choice(device_name: str, k: int, n: int, m: int) -> tuple[str, ShrinkConfig]:
+    """``(impl, config)`` for ``impl="auto"``: ``"cuda"`` where the nearest entry says
+    the CUDA implementation won, else ``"triton"`` with :func:`shrink_config`."""
+    entry = _lookup(device_name, "shrink", {"k": k, "n": n, "m": m})
+    cuda = _cuda_entry(entry)
+    if entry and entry.get("impl", "triton") == "cuda" and cuda:
+        return "cuda", ShrinkConfig(**cuda["config"])
+    return "triton", shrink_config(device_name, k, n, m)
+
+
+@functools.lru_cache(maxsize=65536)
+def expand_choice(device_name: str, n: int, s: int, r: int, m: int) -> tuple[str, ExpandConfig]:
+    entry = _lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m})
+    cuda = _cuda_entry(entry)
+    if entry and entry.get("impl", "triton") == "cuda" and cuda:
+        return "cuda", ExpandConfig(**cuda["config"])
+    return "triton", expand_config(device_name, n, s, r, m)
+
+
+@functools.lru_cache(maxsize=65536)
+def cuda_shrink_config(device_name: str, k: int, n: int, m: int) -> ShrinkConfig:
+    """The CUDA shrink config of the nearest entry tuned for CUDA, else the default."""
+    cuda = _cuda_entry(_lookup(device_name, "shrink", {"k": k, "n": n, "m": m}))
+    return ShrinkConfig(**cuda["config"]) if cuda else default_cuda_shrink(k, n, m)
+
+
+@functools.lru_cache(maxsize=65536)
+def cuda_expand_config(device_name: str, n: int, s: int, r: int, m: int) -> ExpandConfig:
+    cuda = _cuda_entry(_lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m}))
+    return ExpandConfig(**cuda["config"]) if cuda else default_cuda_expand(n, s, r, m)
+
+
+def clear_caches() -> None:
+    """Forget loaded tables and looked-up configs (after writing a table, in tests)."""
+    for fn in (
+        load_table,
+        shrink_config,
+        expand_config,
+        shrink_choice,
+        expand_choice,
+        cuda_shrink_config,
+        cuda_expand_config,
+    ):
+        fn.cache_clear()
+
+
+# ---- the CUDA C++ implementation's tiles ---------------------------------------------
+
+# (block_m, block_n, block_k, warps_m, warps_n, warps_k, stages), one per compiled kernel:
+# a copy of the X-macro lists ATMM_SHRINK_TILES / ATMM_EXPAND_TILES in
+# cuda/atmm_kernels.cuh (tests/kernels/test_cuda_sources.py keeps the two equal). A CUDA
+# config is the tile's (block_m, block_n, block_k, num_warps = product of the warps,
+# num_stages) plus, for shrink, any split-K.
+CUDA_SHRINK_TILES: tuple[tuple[int, ...], ...] = (
+    (16, 16, 256, 1, 1, 4, 3),
+    (16, 32, 256, 1, 2, 2, 3),
+    (16, 64, 128, 1, 4, 1, 4),
+    (16, 64, 256, 1, 2, 2, 3),
+    (16, 128, 128, 1, 4, 1, 3),
+    (32, 32, 128, 2, 2, 1, 3),
+    (32, 64, 128, 2, 2, 1, 3),
+    (64, 64, 64, 2, 2, 1, 3),
+    (64, 128, 64, 2, 2, 1, 3),
+    (128, 64, 64, 2, 2, 1, 3),
+    (128, 128, 64, 2, 4, 1, 3),
+)
+CUDA_EXPAND_TILES: tuple[tuple[int, ...], ...] = (
+    (16, 64, 16, 1, 4, 1, 2),
+    (16, 128, 16, 1, 4, 1, 2),
+    (16, 64, 32, 1, 4, 1, 2),
+    (16, 128, 32, 1, 4, 1, 2),
+    (16, 128, 64, 1, 4, 1, 2),
+    (16, 256, 64, 1, 4, 1, 2),
+    (32, 128, 32, 2, 2, 1, 2),
+    (64, 128, 16, 2, 2, 1, 2),
+    (64, 128, 32, 2, 2, 1, 2),
+    (64, 128, 64, 2, 2, 1, 2),
+    (128, 64, 64, 2, 2, 1, 2),
+    (64, 256, 32, 2, 4, 1, 2),
+    (128, 128, 32, 2, 4, 1, 2),
+)
+
+
+def _cuda_shrink(tile: tuple[int, ...], split_k: int = 1) -> ShrinkConfig:
+    bm, bn, bk, wm, wn, wk, stages = tile
+    return ShrinkConfig(bm, bn, bk, split_k, wm * wn * wk, stages)
+
+
+def _cuda_expand(tile: tuple[int, ...]) -> ExpandConfig:
+    bm, bn, bk, wm, wn, wk, stages = tile
+    return ExpandConfig(bm, bn, bk, wm * wn * wk, stages)
+
+
+def is_cuda_config(cfg: ShrinkConfig | ExpandConfig) -> bool:
+    """Whether the CUDA implementation has a kernel for ``cfg`` (any split-K)."""
+    if isinstance(cfg, ShrinkConfig):
+        return cfg.split_k >= 1 and any(_cuda_shrink(t, cfg.split_k) == cfg for t in CUDA_SHRINK_TILES)
+    return any(_cuda_expand(t) == cfg for t in CUDA_EXPAND_TILES)
+
+
+def _split_options(k: int, bk: int, programs: int, sm_count: int) -> Iterator[int]:
+    for split in (1, 2, 4, 8, 16):
+        if split == 1 or (programs * split <= 2 * sm_count and k >= 2 * split * bk):
+            yield split
+
+
+def cuda_shrink_candidates(k: int, n: int, m: int, sm_count: int = 132) -> Iterator[ShrinkConfig]:
+    """Search space of one shrink shape for the CUDA implementation: the compiled tiles
+    no larger than the shape needs, with split-K as in :func:`shrink_candidates`."""
+    max_m, max_n = _pow2_at_least(m), _pow2_at_least(n)
+    for tile in CUDA_SHRINK_TILES:
+        bm, bn, bk = tile[:3]
+        if bm > max_m or bn > max_n:
+            continue
+        programs = math.ceil(m / bm) * math.ceil(n / bn)
+        for split in _split_options(k, bk, programs, sm_count):
+            yield _cuda_shrink(tile, split)
+
+
+def cuda_expand_candidates(n: int, s: int, r: int, m: int) -> Iterator[ExpandConfig]:
+    max_m, max_k = _pow2_at_least(m), _pow2_at_least(r)
+    for tile in CUDA_EXPAND_TILES:
+        if tile[0] <= max_m and tile[2] <= max_k:
+            yield _cuda_expand(tile)
+
+
+def _closest_tile(tiles, bm: int, bn: int, bk: int) -> tuple[int, ...]:
+    def dist(t: tuple[int, ...]) -> tuple[float, float, float]:
+        return (abs(math.log2(t[0] / bm)), abs(math.log2(t[1] / bn)), abs(math.log2(t[2] / bk)))
+
+    return min(tiles, key=dist)
+
+
+def default_cuda_shrink(k: int, n: int, m: int, sm_count: int = 132) -> ShrinkConfig:
+    """Untuned CUDA fallback: of the candidate tiles the one closest to a shape-based
+    target, split-K while the grid has fewer blocks than SMs and every split keeps 256
+    of K (at most 4 splits from 65 tokens up)."""
+    bm = min(_pow2_at_least(m), 64 if m <= 2048 else 128)
+    bn = min(_pow2_at_least(n), 32 if m <= 64 else 128)
+    fits = [t for t in CUDA_SHRINK_TILES if t[0] <= _pow2_at_least(m) and t[1] <= _pow2_at_least(n)]
+    tile = _closest_tile(fits or CUDA_SHRINK_TILES, bm, bn, 256 if m <= 64 else 64)
+    programs = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+    split, max_split = 1, 16 if m <= 64 else 4
+    while split < max_split and programs * split < sm_count and k // (split * 2) >= 256:
+        split *= 2
+    return _cuda_shrink(tile, split)
+
+
+def default_cuda_expand(n: int, s: int, r: int, m: int) -> ExpandConfig:
+    bm = min(_pow2_at_least(m), 64 if m <= 2048 else 128)
+    bk = min(_pow2_at_least(r), 64)
+    fits = [t for t in CUDA_EXPAND_TILES if t[0] <= _pow2_at_least(m) and t[2] <= _pow2_at_least(r)]
+    return _cuda_expand(_closest_tile(fits or CUDA_EXPAND_TILES, bm, 128, bk))
 
 
 @functools.cache

@@ -12,6 +12,12 @@ default warps/stages, stage 2 times warps x stages for stage 1's three best tile
 Candidates compile in worker processes first (Triton's disk cache is shared), so the
 timing loop in this process measures only. Timing: CUDA-graph replays of ``--reps``
 launches, median of ``--iters`` replays.
+
+With ``--impls triton cuda`` (the default) every shape the Triton search reached is
+also timed with the CUDA C++ implementation (its compiled tiles x split-K, one stage:
+warps and stages are part of a compiled tile), and the entry records both bests and the
+winner (``"impl"``, see :mod:`sglang_vlora.atmm.tiling`). If the CUDA extension cannot
+be built, the run says why and tunes Triton only.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 
 import torch
 
-from sglang_vlora.atmm import tiling, triton_kernels
+from sglang_vlora.atmm import cuda_ext, tiling, triton_kernels
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 # Layer shapes as (d_in, output widths of the stacked slices).
@@ -104,8 +110,10 @@ class Problem:
             self.b = torch.randn(n_items + 1, offsets[-1], r, dtype=dtype, device=device) / r**0.5
             self.out = torch.randn(m, offsets[-1], dtype=dtype, device=device)
 
-    def launcher(self, cfg: ShrinkConfig | ExpandConfig) -> Callable[[], None]:
+    def launcher(self, cfg: ShrinkConfig | ExpandConfig, impl: str = "triton") -> Callable[[], None]:
         it = self.items
+        if impl == "cuda":
+            return self._cuda_launcher(cfg)
         if self.shape[0] == "shrink":
             out = self.inter
             return lambda: triton_kernels.launch_shrink(
@@ -141,16 +149,54 @@ class Problem:
         )
 
 
+    def _cuda_launcher(self, cfg: ShrinkConfig | ExpandConfig) -> Callable[[], None]:
+        it = self.items
+        row_tiles = cuda_ext.exact_row_tiles(it.seg_lens_host, cfg.block_m)
+        if self.shape[0] == "shrink":
+            out = self.inter
+            return lambda: cuda_ext.launch_shrink(
+                self.x,
+                self.a,
+                out,
+                it.seg_starts,
+                it.seg_lens,
+                it.slots,
+                it.row_starts,
+                it.ranks,
+                None,
+                1,
+                row_tiles,
+                cfg,
+            )
+        return lambda: cuda_ext.launch_expand(
+            self.inter,
+            self.b,
+            self.out,
+            it.seg_starts,
+            it.seg_lens,
+            it.slots,
+            it.scales,
+            it.row_starts,
+            None,
+            1,
+            it.ranks,
+            None,
+            self.offsets,
+            row_tiles,
+            cfg,
+        )
+
+
 def _device_items(starts, lens, slots, scales, ranks, device):
     from sglang_vlora.atmm.work_items import build_work_items
 
     return build_work_items(starts, lens, slots, scales, ranks, device=device)
 
 
-def time_candidate(problem: Problem, cfg: Any, reps: int, iters: int) -> float:
+def time_candidate(problem: Problem, cfg: Any, reps: int, iters: int, impl: str = "triton") -> float:
     """``time_launch`` of one candidate; infinity if it does not compile or run."""
     try:
-        return time_launch(problem.launcher(cfg), reps, iters)
+        return time_launch(problem.launcher(cfg, impl), reps, iters)
     except Exception:  # triton's OutOfResources and compile errors have no common base
         torch.cuda.synchronize()
         return math.inf
@@ -329,9 +375,66 @@ def search_op(
     return best
 
 
-def write_table(best: dict[Shape, tuple[Any, float]], path: Path, meta: dict, merge: bool = False) -> int:
+def search_cuda(
+    shapes: list[Shape],
+    reps: int,
+    iters: int,
+    log: Callable[[str], None],
+    budget_s: float | None = None,
+) -> dict[Shape, tuple[Any, float]]:
+    """Time every CUDA candidate of each shape (the extension is compiled already);
+    with ``budget_s`` later shapes are left out once it is spent."""
+    sm_count, _ = _hw_limits()
+    t0 = time.monotonic()
+    best: dict[Shape, tuple[Any, float]] = {}
+    bar = _progress(len(shapes), "cuda")
+    for shape in shapes:
+        if budget_s is not None and time.monotonic() - t0 > budget_s:
+            log(f"budget: cuda stopped after {len(best)} of {len(shapes)} shapes")
+            break
+        if shape[0] == "shrink":
+            cands = list(tiling.cuda_shrink_candidates(*shape[1:4], sm_count))
+        else:
+            cands = list(tiling.cuda_expand_candidates(*shape[1:5]))
+        problem = Problem(shape)
+        timed = [(time_candidate(problem, cfg, reps, iters, "cuda"), cfg) for cfg in cands]
+        del problem
+        bar.update(1)
+        if not timed:
+            continue
+        us, cfg = min(timed, key=lambda t: t[0])
+        if math.isfinite(us):
+            best[shape] = (cfg, us)
+            log(f"{shape[:5]} cuda best {us:.2f} us {cfg}")
+    bar.close()
+    return best
+
+
+def table_entry(shape: Shape, cfg: Any, us: float, cuda: tuple[Any, float] | None = None) -> dict:
+    """One table entry: the key, Triton's best ``config`` / ``us`` and, with a CUDA
+    result, ``"cuda": {"config", "us"}`` plus ``"impl"``, the faster implementation."""
+    fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
+    entry = {**dict(zip(fields, shape[1 : 1 + len(fields)], strict=True)), "config": asdict(cfg)}
+    entry["us"] = round(us, 3)
+    if cuda is not None:
+        cuda_cfg, cuda_us = cuda
+        entry["cuda"] = {"config": asdict(cuda_cfg), "us": round(cuda_us, 3)}
+        entry["impl"] = "cuda" if cuda_us < us else "triton"
+    return entry
+
+
+def write_table(
+    best: dict[Shape, tuple[Any, float]],
+    path: Path,
+    meta: dict,
+    merge: bool = False,
+    cuda_best: dict[Shape, tuple[Any, float]] | None = None,
+) -> int:
     """Write the table, one entry per line; with ``merge`` keep the entries of an
-    existing table at ``path`` whose keys this run did not tune. Returns the count."""
+    existing table at ``path`` whose keys this run did not tune. ``cuda_best`` adds
+    the CUDA implementation's results (entries of shapes in ``best`` only). Returns
+    the count."""
+    cuda_best = cuda_best or {}
     entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}}
     if merge and path.is_file():
         old = json.loads(path.read_text())
@@ -343,13 +446,9 @@ def write_table(best: dict[Shape, tuple[Any, float]], path: Path, meta: dict, me
             for e in old.get(op, []):
                 entries[op][tuple(e[f] for f in fields)] = e
     for shape, (cfg, us) in best.items():
-        if shape[0] == "shrink":
-            key = dict(zip(("k", "n", "m"), shape[1:], strict=True))
-            entry = {**key, "config": asdict(cfg), "us": round(us, 3)}
-        else:
-            key = dict(zip(("n", "s", "r", "m"), shape[1:5], strict=True))
-            entry = {**key, "config": asdict(cfg), "us": round(us, 3)}
-        entries[shape[0]][tuple(key.values())] = entry
+        entry = table_entry(shape, cfg, us, cuda_best.get(shape))
+        fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
+        entries[shape[0]][tuple(entry[f] for f in fields)] = entry
     text = json.dumps({**meta, "shrink": "@shrink", "expand": "@expand"}, indent=1)
     for op, by_key in entries.items():
         rows = ",\n  ".join(json.dumps(by_key[k]) for k in sorted(by_key))
@@ -401,6 +500,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--merge", action="store_true", help="keep other shapes of an existing table")
     ap.add_argument("--ops", nargs="+", default=["shrink", "expand"], choices=["shrink", "expand"])
+    ap.add_argument(
+        "--impls",
+        nargs="+",
+        default=["triton", "cuda"],
+        choices=["triton", "cuda"],
+        help="implementations to time (Triton always: its config is every entry's fallback)",
+    )
+    ap.add_argument(
+        "--cuda-budget-s", type=float, default=None, help="stop timing the CUDA implementation after this long"
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="stop timing after this long")
     ap.add_argument("--log", type=Path, default=None, help="per-shape results, one line each")
     args = ap.parse_args(argv)
@@ -422,6 +531,14 @@ def main(argv: list[str] | None = None) -> None:
             print(line)
 
     best = search(shapes, args.workers, args.reps, args.iters, log, args.budget_s)
+    cuda_best: dict[Shape, tuple[Any, float]] = {}
+    if "cuda" in args.impls:
+        if cuda_ext.available():
+            cuda_best = search_cuda([sh for sh in shapes if sh in best], args.reps, args.iters, log, args.cuda_budget_s)
+            wins = sum(1 for sh, (_, us) in cuda_best.items() if us < best[sh][1])
+            print(f"cuda: tuned {len(cuda_best)} shapes, faster than Triton on {wins}")
+        else:
+            print("cuda: the extension is unavailable (see the warning above); tuning Triton only")
     import triton
 
     run = {
@@ -431,6 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         "triton": triton.__version__,
         "dtype": "bfloat16",
         "ops": args.ops,
+        "impls": args.impls if cuda_best else ["triton"],
         "layers": [[d, list(w)] for d, w in layers],
         "ranks": args.ranks,
         "tokens": tokens,
@@ -438,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     meta = {"device": name, "runs": [run]}
     path = args.out or tiling.TABLE_DIR / tiling.table_filename(name)
-    count = write_table(best, path, meta, args.merge)
+    count = write_table(best, path, meta, args.merge, cuda_best)
     print(f"tuned {len(best)} shapes in {run['seconds']} s; {count} entries in {path}")
 
 

@@ -101,3 +101,63 @@ def test_shipped_tables_parse() -> None:
             ShrinkConfig(**entry["config"])
         for entry in data["expand"]:
             ExpandConfig(**entry["config"])
+
+
+def test_impl_field_picks_cuda_and_old_entries_mean_triton(tmp_path, monkeypatch) -> None:
+    cuda_s = ShrinkConfig(16, 32, 256, 8, 4, 3)
+    cuda_e = ExpandConfig(16, 128, 64, 4, 2)
+    shrink = [
+        {
+            **_entry("shrink", ShrinkConfig(16, 16, 64, 8), k=4096, n=64, m=16),
+            "impl": "cuda",
+            "cuda": {"config": cuda_s.__dict__, "us": 0.5},
+        },
+        {
+            **_entry("shrink", ShrinkConfig(64, 64, 64, 1), k=4096, n=64, m=1024),
+            "impl": "triton",
+            "cuda": {"config": ShrinkConfig(64, 64, 64, 1).__dict__, "us": 9.0},
+        },
+        _entry("shrink", ShrinkConfig(32, 32, 128, 2), k=4096, n=128, m=16),  # an old entry: no impl
+    ]
+    expand = [
+        {
+            **_entry("expand", ExpandConfig(16, 64, 16), n=4096, s=1, r=64, m=16),
+            "impl": "cuda",
+            "cuda": {"config": cuda_e.__dict__, "us": 0.5},
+        },
+        _entry("expand", ExpandConfig(64, 128, 32), n=4096, s=1, r=64, m=1024),
+    ]
+    name = "Test GPU 9001"
+    (tmp_path / tiling.table_filename(name)).write_text(
+        json.dumps({"device": name, "shrink": shrink, "expand": expand})
+    )
+    monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
+    tiling.clear_caches()
+    try:
+        assert tiling.shrink_choice(name, 4096, 64, 8) == ("cuda", cuda_s)
+        assert tiling.shrink_config(name, 4096, 64, 8) == ShrinkConfig(16, 16, 64, 8)  # Triton's, kept
+        assert tiling.shrink_choice(name, 4096, 64, 1024) == ("triton", ShrinkConfig(64, 64, 64, 1))
+        assert tiling.shrink_choice(name, 4096, 128, 16) == ("triton", ShrinkConfig(32, 32, 128, 2))
+        assert tiling.expand_choice(name, 4096, 1, 64, 1) == ("cuda", cuda_e)
+        assert tiling.expand_choice(name, 4096, 1, 64, 600)[0] == "triton"
+        # forced CUDA: the entry's CUDA config where tuned, else the CUDA default
+        assert tiling.cuda_shrink_config(name, 4096, 64, 16) == cuda_s
+        assert tiling.cuda_shrink_config(name, 4096, 128, 16) == tiling.default_cuda_shrink(4096, 128, 16)
+        assert tiling.cuda_expand_config(name, 4096, 1, 64, 600) == tiling.default_cuda_expand(
+            4096, 1, 64, 600
+        )
+    finally:
+        tiling.clear_caches()
+
+
+def test_cuda_candidates_and_defaults_are_compiled_tiles() -> None:
+    for k, n, m in [(4096, 8, 1), (4096, 64, 8), (3584, 192, 32), (4096, 64, 1024), (18944, 384, 8192)]:
+        cands = list(tiling.cuda_shrink_candidates(k, n, m))
+        assert cands and all(tiling.is_cuda_config(c) for c in cands)
+        assert all(c.block_m <= max(16, m) * 2 and c.block_n <= max(16, n) * 2 for c in cands)
+        assert tiling.is_cuda_config(tiling.default_cuda_shrink(k, n, m))
+    for n, s, r, m in [(4096, 1, 8, 1), (12288, 3, 64, 32), (22016, 2, 128, 4096)]:
+        cands = list(tiling.cuda_expand_candidates(n, s, r, m))
+        assert cands and all(tiling.is_cuda_config(c) for c in cands)
+        assert tiling.is_cuda_config(tiling.default_cuda_expand(n, s, r, m))
+    assert not tiling.is_cuda_config(ShrinkConfig(16, 16, 64, 1))

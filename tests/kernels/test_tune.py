@@ -41,3 +41,25 @@ def test_assign_layers_separates_overlaps() -> None:
     assert assign_layers([0, 5, 0], [5, 5, 10]) == [0, 0, 1]
     assert assign_layers([0, 0, 0], [4, 4, 4]) == [0, 1, 2]
     assert assign_layers([], []) == []
+
+
+def test_write_table_records_the_winning_impl(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    s1, s2 = ("shrink", 4096, 64, 16), ("shrink", 4096, 64, 32)
+    e1 = ("expand", 4096, 1, 64, 16, (4096,))
+    best = {
+        s1: (ShrinkConfig(16, 32, 64, 8), 3.0),
+        s2: (ShrinkConfig(32, 32, 64, 4), 4.0),
+        e1: (ExpandConfig(16, 64, 32), 2.0),
+    }
+    cuda_best = {
+        s1: (ShrinkConfig(16, 32, 256, 8, 4, 3), 2.5),  # CUDA wins
+        e1: (ExpandConfig(16, 128, 64, 4, 2), 2.2),  # Triton wins
+    }
+    tune.write_table(best, path, {"device": "X", "runs": []}, cuda_best=cuda_best)
+    table = json.loads(path.read_text())
+    by_m = {e["m"]: e for e in table["shrink"]}
+    assert by_m[16]["impl"] == "cuda" and by_m[16]["cuda"]["us"] == 2.5
+    assert ShrinkConfig(**by_m[16]["config"]) == ShrinkConfig(16, 32, 64, 8)  # Triton's best kept
+    assert "impl" not in by_m[32] and "cuda" not in by_m[32]  # no CUDA timing: reads as Triton
+    assert table["expand"][0]["impl"] == "triton"
