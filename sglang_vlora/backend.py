@@ -2,19 +2,25 @@
 
 SGLang's LoRA manager hands the backend, before each forward, the memory-pool slot
 of every request and the rank and scaling of every slot. This backend turns that
-into :class:`~sglang_vlora.atmm.work_items.WorkItems` (one item per run of
-consecutive requests on the same adapter, ``scale = +scaling``; the no-adapter slot
-has rank 0 and produces no item; with an adapter merged into the weights, the
-mixture items of :mod:`sglang_vlora.modes.delora`) and runs every LoRA-wrapped layer
-through :mod:`sglang_vlora.atmm.ops`.
+into :class:`~sglang_vlora.atmm.work_items.WorkItems` with
+:func:`sglang_vlora.modes.delora.mode_work_items` (one item per run of consecutive
+requests on the same adapter, ``scale = +scaling``; the no-adapter slot has rank 0
+and produces no item; with an adapter merged into the weights, the mixture items)
+and runs every LoRA-wrapped layer through :mod:`sglang_vlora.atmm.ops`.
 
-Two batch layouts:
+Two batch layouts, one item builder:
 
-* eager (prefill, decode without graphs): per-segment items with host copies; the
-  pure-torch path loops over items.
-* decode CUDA graph: static per-token device tensors (slot, scale) updated in place
-  before each replay; the graph-safe torch path gathers per token and masks by rank,
-  so it reads no host state and is correct for any adapter mix at replay.
+* eager (prefill, decode without graphs): the items as :class:`WorkItems`; the
+  kernels' grids come from their host copies.
+* decode CUDA graph: the same items written by
+  :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers allocated
+  once (capacity: the most items any mode gives for the graph's largest batch, two
+  overlap layers for mixture items), run by the graph-safe ``ops.*_static`` calls,
+  whose grids come from those static bounds only. SGLang prepares every batch before
+  replaying a graph (and prepares the capture batch, all base-only, before
+  capturing), so a graph captured with no items replays right with any adapter mix,
+  in any mode. Base + LoRA layers overlap the shrink with the base GEMM on a side
+  stream (``ops.lora_apply_static_with_base``).
 
 SGLang only calls this module; it imports SGLang because it subclasses
 ``BaseLoRABackend`` (registered by :mod:`sglang_vlora.plugin`).
@@ -23,32 +29,22 @@ SGLang only calls this module; it imports SGLang because it subclasses
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora.atmm import ops
+from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 from sglang_vlora.modes import mode_hooks
-from sglang_vlora.modes.delora import mode_work_items
+from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
 
 logger = logging.getLogger(__name__)
 
 # Modules whose LoRA runs through SGLang's embedding / lm_head paths, which this
 # backend does not implement.
 UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
-
-
-@dataclass
-class GraphTokenInfo:
-    """Static per-token metadata read by the graph-safe path (decode CUDA graphs)."""
-
-    token_slots: torch.Tensor  # int64 [max_tokens]
-    token_scales: torch.Tensor  # float32 [max_tokens], 0 for padding / no adapter
-    ranks: torch.Tensor  # int64 [n_slots]
-    num_tokens: int = 0
 
 
 def segments_from_requests(
@@ -84,7 +80,8 @@ class ATMMLoRABackend(BaseLoRABackend):
             impl = cfg.atmm_impl if cfg is not None else "auto"
         self.impl = impl
         self.work_items: WorkItems | None = None
-        self.graph_info: GraphTokenInfo | None = None
+        self.graph_items: StaticWorkItems | None = None
+        self.side_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
 
     # ------------------------------------------------------------------ set-up
@@ -97,12 +94,17 @@ class ATMMLoRABackend(BaseLoRABackend):
             )
 
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
+        """Called once by SGLang's decode graph runner, before any capture."""
         max_tokens = max_bs_in_cuda_graph * num_tokens_per_req
-        self.graph_info = GraphTokenInfo(
-            token_slots=torch.zeros(max_tokens, dtype=torch.int64, device=self.device),
-            token_scales=torch.zeros(max_tokens, dtype=torch.float32, device=self.device),
-            ranks=torch.zeros(self.max_loras_per_batch, dtype=torch.int64, device=self.device),
+        self.graph_items = StaticWorkItems.allocate(
+            capacity=max_mode_items(max_bs_in_cuda_graph),
+            max_tokens=max_tokens,
+            num_slots=self.max_loras_per_batch,
+            device=self.device,
+            max_layers=MAX_MODE_LAYERS,
         )
+        if torch.device(self.device).type == "cuda":
+            self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
         with torch.device(self.device):
             self.cuda_graph_batch_info = LoRABatchInfo(
                 use_cuda_graph=True,
@@ -129,22 +131,23 @@ class ATMMLoRABackend(BaseLoRABackend):
         if use_prefill_cuda_graph:
             raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
-        if use_cuda_graph:
-            scale_of_slot = [float(scalings[s]) if lora_ranks[s] > 0 else 0.0 for s in range(len(lora_ranks))]
-            self._prepare_graph_batch(forward_batch, weight_indices, seq_lens, lora_ranks, scale_of_slot)
-            return
-        self.use_graph_path = False
         starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
-        controller = mode_hooks.controller()
         merged_slot = None
+        controller = mode_hooks.controller()
         if controller is not None and controller.merged_uid is not None:
             lora_ranks, scalings = list(lora_ranks), list(scalings)
             merged_slot = controller.merged_slot(lora_ranks, scalings)
         # Unmerged: one (+adapter) item per segment. Merged adapter k: mixture items
         # (k's tokens nothing, others +own -k, base-only -k).
-        self.work_items = mode_work_items(
-            starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device
+        items = mode_work_items(
+            starts, lengths, slots, lora_ranks, scalings, merged_slot,
+            device="cpu" if use_cuda_graph else self.device,
         )
+        if use_cuda_graph:
+            self._prepare_graph_batch(forward_batch, weight_indices, sum(seq_lens), lora_ranks, items)
+            return
+        self.use_graph_path = False
+        self.work_items = items
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
 
     def _eager_batch_info(self, forward_batch, seq_lens, weight_indices, lora_ranks, scalings) -> LoRABatchInfo:
@@ -169,25 +172,15 @@ class ATMMLoRABackend(BaseLoRABackend):
             expected_tokens=indptr[-1],
         )
 
-    def _prepare_graph_batch(self, forward_batch, weight_indices, seq_lens, lora_ranks, scale_of_slot):
-        if self.graph_info is None:
+    def _prepare_graph_batch(self, forward_batch, weight_indices, num_tokens: int, lora_ranks, items: WorkItems):
+        """Write the batch's items into the captured buffers, in place (SGLang calls
+        this outside capture: before capturing, and before every replay)."""
+        static = self.graph_items
+        if static is None:
             raise RuntimeError("init_decode_cuda_graph_batch_info must run before a graph batch")
-        info = self.graph_info
-        token_slots: list[int] = []
-        token_scales: list[float] = []
-        for seq_len, slot in zip(seq_lens, weight_indices, strict=True):
-            token_slots += [slot] * seq_len
-            token_scales += [scale_of_slot[slot]] * seq_len
-        n = len(token_slots)
-        if n > info.token_slots.shape[0]:
-            raise RuntimeError(f"graph batch of {n} tokens exceeds the captured {info.token_slots.shape[0]}")
-        # In-place updates: the captured graph reads these same tensors at replay.
-        info.token_slots.zero_()
-        info.token_scales.zero_()
-        info.token_slots[:n].copy_(torch.tensor(token_slots, dtype=torch.int64), non_blocking=True)
-        info.token_scales[:n].copy_(torch.tensor(token_scales, dtype=torch.float32), non_blocking=True)
-        info.ranks.copy_(torch.tensor(lora_ranks, dtype=torch.int64), non_blocking=True)
-        info.num_tokens = n
+        if num_tokens > static.identity.numel():
+            raise RuntimeError(f"graph batch of {num_tokens} tokens exceeds the captured {static.identity.numel()}")
+        static.fill(items, num_tokens)
         batch_info = self.cuda_graph_batch_info
         batch_info.bs = forward_batch.batch_size
         batch_info.num_segments = forward_batch.batch_size
@@ -200,9 +193,20 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.batch_info = batch_info
 
     # ------------------------------------------------------------------ compute
+    def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
+        """Graph batches: base GEMM and LoRA shrink side by side (one graph-safe call).
+        Everything else (eager batches, TP all-reduce, lm_head) takes SGLang's path,
+        which calls the ``run_*`` methods below."""
+        plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
+        if self.use_graph_path and plain and kwargs.get("pruned_batch_info") is None:
+            return ops.lora_apply_static_with_base(
+                x, lora_a, lora_b, self.graph_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
+            )
+        return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
+
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
-            return graph_safe_shrink(x, weights, self.graph_info, stack_num)
+            return ops.lora_shrink_static(x, weights, self.graph_items, stack_num, impl=self.impl)
         return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
     def run_lora_b_sgemm(
@@ -217,7 +221,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         offsets = _offsets(output_offset_cpu, weights)
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
-            return graph_safe_expand(x, weights, self.graph_info, offsets, output)
+            return ops.lora_expand_static(x, weights, self.graph_items, offsets, output, impl=self.impl)
         return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
     def run_qkv_lora(
@@ -255,8 +259,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def _apply(self, x, lora_a, lora_b, offsets: list[int], base_output):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
-            intermediate = graph_safe_shrink(x, lora_a, self.graph_info, len(offsets) - 1)
-            return graph_safe_expand(intermediate, lora_b, self.graph_info, offsets, output)
+            return ops.lora_apply_static(x, lora_a, lora_b, self.graph_items, offsets, output, impl=self.impl)
         return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 
     @staticmethod
@@ -270,39 +273,3 @@ def _offsets(output_offset_cpu: torch.Tensor | None, lora_b: torch.Tensor) -> li
     if output_offset_cpu is None:
         return [0, lora_b.shape[-2]]
     return [int(v) for v in output_offset_cpu.tolist()]
-
-
-def graph_safe_shrink(x: torch.Tensor, a_buffer: torch.Tensor, info: GraphTokenInfo, num_slices: int) -> torch.Tensor:
-    """Per-token shrink reading only device tensors: row ``t`` is
-    ``x[t] @ A[slot_t, :num_slices * r_t].T`` with the other columns zero."""
-    tokens = x.shape[0]
-    slots = info.token_slots[:tokens]
-    width = a_buffer.shape[1]
-    out = torch.bmm(a_buffer[slots], x.unsqueeze(-1)).squeeze(-1)
-    valid = torch.arange(width, device=x.device).unsqueeze(0) < (num_slices * info.ranks[slots]).unsqueeze(1)
-    return out * valid.to(out.dtype)
-
-
-def graph_safe_expand(
-    intermediate: torch.Tensor,
-    b_buffer: torch.Tensor,
-    info: GraphTokenInfo,
-    offsets: list[int],
-    output: torch.Tensor,
-) -> torch.Tensor:
-    """Per-token expand reading only device tensors; adds into ``output`` in place."""
-    tokens = intermediate.shape[0]
-    slots = info.token_slots[:tokens]
-    ranks = info.ranks[slots]
-    max_rank = b_buffer.shape[-1]
-    cols = torch.arange(max_rank, device=output.device)
-    rank_mask = (cols.unsqueeze(0) < ranks.unsqueeze(1)).float()
-    scales = info.token_scales[:tokens].unsqueeze(1)
-    for s in range(len(offsets) - 1):
-        lo, hi = offsets[s], offsets[s + 1]
-        index = (s * ranks).unsqueeze(1) + cols.unsqueeze(0)
-        index = torch.minimum(index, torch.tensor(intermediate.shape[1] - 1, device=output.device))
-        xs = torch.gather(intermediate.float(), 1, index) * rank_mask
-        delta = torch.bmm(b_buffer[slots, lo:hi, :].float(), xs.unsqueeze(-1)).squeeze(-1)
-        output[:, lo:hi] += (delta * scales).to(output.dtype)
-    return output

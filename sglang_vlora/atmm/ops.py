@@ -4,9 +4,17 @@
 stacked), ``lora_expand`` multiplies by ``B^T``, scales by the item's signed scale
 and accumulates into the base output, slice by slice. ``lora_apply`` does both.
 
-Dispatch: CPU tensors take the pure-torch path below, the reference every kernel is
-checked against. CUDA tensors take the Triton kernels with the tile config the
-adaptive-tiling table gives for the shape (:mod:`sglang_vlora.atmm.tiling`).
+Implementations (``impl``): ``"torch"`` is the pure-torch path below, the reference
+every kernel is checked against; ``"triton"`` the Triton kernels
+(:mod:`sglang_vlora.atmm.triton_kernels`); ``"cuda"`` the CUDA C++ kernels
+(:mod:`sglang_vlora.atmm.cuda_ext`, bf16/fp16 only, built on first use). ``"auto"``
+(the default) runs the reference on CPU tensors and, on CUDA tensors, per op and shape
+what the adaptive-tiling table says (:mod:`sglang_vlora.atmm.tiling`): the CUDA kernel
+where the table entry records that it won (``"impl": "cuda"``) and the extension is
+available for the dtype, else the Triton kernel. Tile configs come from the same table.
+The ``*_static`` (CUDA-graph) entry points run the Triton kernels for every ``impl``
+but ``"torch"``; with ``"torch"``, and on CPU tensors outside Triton's interpreter, they
+run their graph-safe torch form (:mod:`sglang_vlora.atmm.static_items`).
 
 Graph safety. ``lora_shrink`` / ``lora_expand`` / ``lora_apply`` size their launch
 grids from the host copies in :class:`WorkItems` (item count, longest segment, total
@@ -20,12 +28,28 @@ are computed correctly.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 
+from sglang_vlora.atmm import static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
+
+IMPLS = ("auto", "torch", "triton", "cuda")
+CUDA_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _kernel_impl(t: torch.Tensor, impl: str) -> str | None:
+    """The kernel family for ``impl`` on tensors like ``t``; None for the reference."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "torch" or (impl == "auto" and not t.is_cuda):
+        return None
+    if impl == "cuda" and (not t.is_cuda or t.dtype not in CUDA_DTYPES):
+        raise ValueError(f"impl='cuda' needs bfloat16/float16 CUDA tensors, got {t.dtype} on {t.device}")
+    return impl
 
 
 def _token_rows(items: WorkItems, i: int) -> torch.Tensor | slice:
@@ -42,11 +66,11 @@ def lora_shrink(
     ``x[tokens of item i] @ A[slot_i, :num_slices * r_i].T`` in its first
     ``num_slices * r_i`` columns and zeros after them.
 
-    ``impl="auto"`` runs the Triton kernel on CUDA tensors and the torch reference
-    elsewhere; ``impl="torch"`` forces the reference (same for every entry point)."""
+    ``impl``: see the module docstring (same for every entry point)."""
     _check_shrink_shapes(x, a_buffer)
-    if x.is_cuda and impl == "auto":
-        return _shrink_kernel(x, a_buffer, items, num_slices)
+    kernels = _kernel_impl(x, impl)
+    if kernels is not None:
+        return _shrink_kernel(x, a_buffer, items, num_slices, impl=kernels)
     out = torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     row = 0
     for i in range(items.num_items):
@@ -69,8 +93,9 @@ def lora_expand(
     """Accumulate ``scale_i * intermediate_i[:, slice s] @ B[slot_i, slice s, :r_i].T``
     into ``output[tokens of item i, slice s]`` for every item and slice; returns
     ``output`` (updated in place)."""
-    if output.is_cuda and impl == "auto":
-        return _expand_kernel(intermediate, b_buffer, items, slice_offsets, output)
+    kernels = _kernel_impl(output, impl)
+    if kernels is not None:
+        return _expand_kernel(intermediate, b_buffer, items, slice_offsets, output, impl=kernels)
     num_slices = len(slice_offsets) - 1
     row = 0
     for i in range(items.num_items):
@@ -104,12 +129,13 @@ def lora_apply(
 ) -> torch.Tensor:
     """Shrink then expand: ``output += sum_i scale_i * x_i A_i^T B_i^T`` per slice."""
     num_slices = len(slice_offsets) - 1
+    kernels = _kernel_impl(x, impl)
     if items.num_items == 0:
         return output
-    if x.is_cuda and impl == "auto":
+    if kernels is not None:
         _check_shrink_shapes(x, a_buffer)
-        inter = _shrink_kernel(x, a_buffer, items, num_slices, zero_fill=False)
-        return _expand_kernel(inter, b_buffer, items, slice_offsets, output)
+        inter = _shrink_kernel(x, a_buffer, items, num_slices, zero_fill=False, impl=kernels)
+        return _expand_kernel(inter, b_buffer, items, slice_offsets, output, impl=kernels)
     intermediate = lora_shrink(x, a_buffer, items, num_slices, impl)
     return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
 
@@ -124,16 +150,19 @@ def lora_apply_static(
     items: StaticWorkItems,
     slice_offsets: list[int],
     output: torch.Tensor,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """``lora_apply`` for CUDA-graph capture: reads only ``items``' device buffers.
 
     The grid depends on ``x.shape[0]``, ``items.capacity``, ``items.max_layers`` and
-    the pool's shape, all fixed for one captured graph. Runs the Triton kernels
-    (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
+    the pool's shape, all fixed for one captured graph. ``impl="auto"`` runs the
+    Triton kernels on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``;
+    elsewhere, or with ``impl="torch"``, the graph-safe torch path
+    (:func:`static_items.shrink_torch` / :func:`static_items.expand_torch`).
     """
     num_slices = len(slice_offsets) - 1
-    inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
-    return lora_expand_static(inter, b_buffer, items, slice_offsets, output)
+    inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False, impl=impl)
+    return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl)
 
 
 def lora_apply_static_with_base(
@@ -144,6 +173,7 @@ def lora_apply_static_with_base(
     slice_offsets: list[int],
     base_fn: Callable[[], torch.Tensor],
     side_stream: torch.cuda.Stream | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """``base_fn() + LoRA``, graph-safe, with the shrink overlapped with the base GEMM.
 
@@ -155,16 +185,16 @@ def lora_apply_static_with_base(
     """
     num_slices = len(slice_offsets) - 1
     if side_stream is None or not x.is_cuda:
-        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
-        return lora_expand_static(inter, b_buffer, items, slice_offsets, base_fn())
+        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False, impl=impl)
+        return lora_expand_static(inter, b_buffer, items, slice_offsets, base_fn(), impl=impl)
     main = torch.cuda.current_stream(x.device)
     side_stream.wait_stream(main)
     with torch.cuda.stream(side_stream):
-        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False)
+        inter = lora_shrink_static(x, a_buffer, items, num_slices, zero_fill=False, impl=impl)
     output = base_fn()
     main.wait_stream(side_stream)
     inter.record_stream(main)
-    return lora_expand_static(inter, b_buffer, items, slice_offsets, output)
+    return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl)
 
 
 def lora_shrink_static(
@@ -173,11 +203,14 @@ def lora_shrink_static(
     items: StaticWorkItems,
     num_slices: int,
     zero_fill: bool = True,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Graph-safe shrink. Returns ``[items.max_rows(x.shape[0]), S * max_rank]`` in
     ``x.dtype``; rows past the items' rows and columns past ``S * r`` are zero (or
     unset with ``zero_fill=False``: expand never reads them)."""
     _check_shrink_shapes(x, a_buffer)
+    if _static_torch(x, impl):
+        return static_items.shrink_torch(x, a_buffer, items, num_slices)
     m = x.shape[0]
     cfg = _shrink_cfg(x, a_buffer.shape[2], a_buffer.shape[1], m)
     return _launch_shrink(x, a_buffer, items, num_slices, items.max_rows(m), cfg, zero_fill)
@@ -189,10 +222,13 @@ def lora_expand_static(
     items: StaticWorkItems,
     slice_offsets: list[int],
     output: torch.Tensor,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Graph-safe expand of a ``lora_shrink_static`` result into ``output``."""
     from sglang_vlora.atmm import triton_kernels
 
+    if _static_torch(output, impl):
+        return static_items.expand_torch(intermediate, b_buffer, items, slice_offsets, output)
     num_slices = len(slice_offsets) - 1
     m = output.shape[0]
     rank = b_buffer.shape[2]
@@ -215,6 +251,13 @@ def lora_expand_static(
         cfg,
     )
     return output
+
+
+def _static_torch(t: torch.Tensor, impl: str) -> bool:
+    """The static ops' torch path: ``impl="torch"``, or a CPU tensor without Triton's
+    interpreter. Every other impl runs Triton (the CUDA C++ kernels size their grids
+    from host lists: not graph-safe)."""
+    return impl == "torch" or (not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1")
 
 
 # ---- kernel dispatch helpers ------------------------------------------------------------
@@ -250,16 +293,75 @@ def _items_max_rank(items: WorkItems) -> int:
     return max(items.ranks_host[slot] for slot in items.slots_host)
 
 
+def _pick_shrink(x: torch.Tensor, k: int, n: int, m: int, impl: str):
+    """``(implementation, tile config)`` of a shrink shape for ``impl`` (a kernel family
+    or "auto"); "auto" falls back to Triton where the CUDA extension cannot run."""
+    from sglang_vlora.atmm import tiling
+
+    dev = _device_name(x)
+    if impl == "cuda":
+        return "cuda", tiling.cuda_shrink_config(dev, k, n, m)
+    if impl == "auto":
+        which, cfg = tiling.shrink_choice(dev, k, n, m)
+        if which != "cuda":
+            return which, cfg
+        if x.dtype in CUDA_DTYPES and _cuda_available():
+            return "cuda", cfg
+    return "triton", tiling.shrink_config(dev, k, n, m)
+
+
+def _pick_expand(output: torch.Tensor, n: int, s: int, r: int, m: int, impl: str):
+    from sglang_vlora.atmm import tiling
+
+    dev = _device_name(output)
+    if impl == "cuda":
+        return "cuda", tiling.cuda_expand_config(dev, n, s, r, m)
+    if impl == "auto":
+        which, cfg = tiling.expand_choice(dev, n, s, r, m)
+        if which != "cuda":
+            return which, cfg
+        if output.dtype in CUDA_DTYPES and _cuda_available():
+            return "cuda", cfg
+    return "triton", tiling.expand_config(dev, n, s, r, m)
+
+
+def _cuda_available() -> bool:
+    from sglang_vlora.atmm import cuda_ext
+
+    return cuda_ext.available()
+
+
 def _shrink_kernel(
     x: torch.Tensor,
     a_buffer: torch.Tensor,
     items: WorkItems,
     num_slices: int,
     zero_fill: bool = True,
+    impl: str = "auto",
 ) -> torch.Tensor:
     if items.num_items == 0:
         return torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    cfg = _shrink_cfg(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
+    which, cfg = _pick_shrink(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0], impl)
+    if which == "cuda":
+        from sglang_vlora.atmm import cuda_ext
+
+        alloc = torch.zeros if zero_fill else torch.empty
+        inter = alloc((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+        cuda_ext.launch_shrink(
+            x,
+            a_buffer,
+            inter,
+            items.seg_starts,
+            items.seg_lens,
+            items.slots,
+            items.row_starts,
+            items.ranks,
+            items.permutation,
+            num_slices,
+            cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m),
+            cfg,
+        )
+        return inter
     return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill)
 
 
@@ -301,13 +403,36 @@ def _expand_kernel(
     items: WorkItems,
     slice_offsets: list[int],
     output: torch.Tensor,
+    impl: str = "auto",
 ) -> torch.Tensor:
-    from sglang_vlora.atmm import triton_kernels
-
     if items.num_items == 0:
         return output
     num_slices = len(slice_offsets) - 1
-    cfg = _expand_cfg(output, slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
+    key = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
+    which, cfg = _pick_expand(output, *key, impl)
+    if which == "cuda":
+        from sglang_vlora.atmm import cuda_ext
+
+        cuda_ext.launch_expand(
+            inter,
+            b_buffer,
+            output,
+            items.seg_starts,
+            items.seg_lens,
+            items.slots,
+            items.scales,
+            items.row_starts,
+            items.layers,
+            items.num_layers,
+            items.ranks,
+            items.permutation,
+            slice_offsets,
+            cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m),
+            cfg,
+        )
+        return output
+    from sglang_vlora.atmm import triton_kernels
+
     triton_kernels.launch_expand(
         inter,
         b_buffer,

@@ -5,18 +5,31 @@ The ``*_static`` ops in :mod:`sglang_vlora.atmm.ops` read only these buffers and
 their grids from the capacity, so the caller captures once and, before each replay,
 calls :meth:`StaticWorkItems.fill` with the batch's :class:`WorkItems`: entries past
 the batch's item count get ``seg_len = 0`` and do nothing. No host list is read at
-replay, so a replay with another number of adapters or segments than at capture is
-still computed right (the failure mode of a grid sized from a host-side segment
-count at capture).
+replay, so a replay with another number of adapters, segments or items than at
+capture is still computed right (the failure mode of a grid sized from a host-side
+segment count at capture, which replays the captured count).
+
+All per-item fields and the rank table are views of one int32 buffer (``packed``;
+``scales`` is a float32 view of its int32 bits), so :meth:`fill` is one host-to-device
+copy into storage allocated once and never moved.
+
+:func:`shrink_torch` and :func:`expand_torch` are the pure-torch form of the static
+kernels: same buffers, same intermediate layout, fixed shapes only (no host read of a
+device value), so they are graph-safe too. The ``*_static`` ops take them on CPU
+(without Triton's interpreter) and with ``impl="torch"``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 
 import torch
 
 from sglang_vlora.atmm.work_items import WorkItems
+
+_ALIGN = 4  # int32 entries: every field starts 16-byte aligned in ``packed``
+_INT_FIELDS = 5  # seg_starts, seg_lens, slots, row_starts, layers; then scales, then ranks
 
 
 @dataclass
@@ -31,6 +44,9 @@ class StaticWorkItems:
     permutation: torch.Tensor  # int64 [max_tokens]
     identity: torch.Tensor  # int64 [max_tokens], copied in when a batch has no permutation
     max_layers: int
+    packed: torch.Tensor | None = None  # int32; the fields above (not the permutation) are views of it
+    _stride: int = 0
+    _perm_is_identity: bool = field(default=True, repr=False)
 
     @classmethod
     def allocate(
@@ -43,22 +59,28 @@ class StaticWorkItems:
     ) -> StaticWorkItems:
         """Buffers for up to ``capacity`` items over ``max_tokens`` tokens, items in at
         most ``max_layers`` overlap layers (1 for plain unmerge, 2 for mixture mode)."""
+        if capacity < 1 or max_layers < 1:
+            raise ValueError("capacity and max_layers must be at least 1")
+        stride = -(-capacity // _ALIGN) * _ALIGN
+        packed = torch.zeros((_INT_FIELDS + 1) * stride + num_slots, dtype=torch.int32, device=device)
 
-        def zeros(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.zeros(n, dtype=dtype, device=device)
+        def view(k: int) -> torch.Tensor:
+            return packed[k * stride : k * stride + capacity]
 
         identity = torch.arange(max_tokens, dtype=torch.int64, device=device)
         return cls(
-            seg_starts=zeros(capacity),
-            seg_lens=zeros(capacity),
-            slots=zeros(capacity),
-            scales=zeros(capacity, torch.float32),
-            row_starts=zeros(capacity),
-            layers=zeros(capacity),
-            ranks=zeros(num_slots),
+            seg_starts=view(0),
+            seg_lens=view(1),
+            slots=view(2),
+            row_starts=view(3),
+            layers=view(4),
+            scales=view(5).view(torch.float32),
+            ranks=packed[(_INT_FIELDS + 1) * stride :],
             permutation=identity.clone(),
             identity=identity,
             max_layers=max_layers,
+            packed=packed,
+            _stride=stride,
         )
 
     @property
@@ -70,10 +92,13 @@ class StaticWorkItems:
         return self.max_layers * num_tokens
 
     def fill(self, items: WorkItems, num_tokens: int) -> None:
-        """Copy a batch's items into the buffers (device-to-device, no sync).
+        """Write a batch's items into the buffers in place (one copy, no sync).
 
-        Call outside capture, before replaying a graph captured for ``num_tokens``
-        tokens (the padded batch size).
+        Reads only the host lists of ``items``. Call outside capture, before running
+        or replaying a graph captured for at least ``num_tokens`` tokens (the
+        batch's tokens; the graph's padded size may be larger). Entries past the
+        batch's item count are zeroed, so stale items of an earlier, larger batch
+        do nothing.
         """
         n = items.num_items
         if n > self.capacity:
@@ -82,23 +107,102 @@ class StaticWorkItems:
             raise ValueError(f"{items.num_layers} overlap layers exceed {self.max_layers}")
         if items.total_rows > self.max_rows(num_tokens) or num_tokens > self.identity.numel():
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
-        if items.ranks.numel() != self.ranks.numel():
+        if len(items.ranks_host) != self.ranks.numel():
             raise ValueError("rank table size differs from the allocated number of slots")
-        for dst, src in (
-            (self.seg_starts, items.seg_starts),
-            (self.seg_lens, items.seg_lens),
-            (self.slots, items.slots),
-            (self.scales, items.scales),
-            (self.row_starts, items.row_starts),
-        ):
-            dst[:n].copy_(src, non_blocking=True)
-        self.seg_lens[n:].zero_()
-        if items.layers is None:
-            self.layers[:n].zero_()
-        else:
-            self.layers[:n].copy_(items.layers, non_blocking=True)
-        self.ranks.copy_(items.ranks, non_blocking=True)
+        row_starts, total = [], 0
+        for seg_len in items.seg_lens_host:
+            row_starts.append(total)
+            total += seg_len
+        pad = [0] * (self._stride - n)
+        scale_bits = list(struct.unpack(f"{n}i", struct.pack(f"{n}f", *items.scales_host)))
+        values = (
+            items.seg_starts_host + pad
+            + items.seg_lens_host + pad
+            + items.slots_host + pad
+            + row_starts + pad
+            + (items.layers_host if items.layers_host is not None else [0] * n) + pad
+            + scale_bits + pad
+            + items.ranks_host
+        )
+        self.packed.copy_(torch.tensor(values, dtype=torch.int32), non_blocking=True)
         if items.permutation is None:
-            self.permutation.copy_(self.identity)
+            if not self._perm_is_identity:
+                self.permutation.copy_(self.identity, non_blocking=True)
+                self._perm_is_identity = True
         else:
             self.permutation[: items.permutation.numel()].copy_(items.permutation, non_blocking=True)
+            self._perm_is_identity = False
+
+
+# ---- graph-safe torch path ----------------------------------------------------------------
+
+
+def _layer_map(items: StaticWorkItems, m: int, layer: int):
+    """For each position ``p < m``: whether an item of ``layer`` covers it, which one
+    (valid where covered), and the token row it reads (0 where not covered)."""
+    pos = torch.arange(m, device=items.seg_lens.device)
+    starts = items.seg_starts.long().unsqueeze(1)
+    ends = starts + items.seg_lens.long().unsqueeze(1)
+    cover = (pos >= starts) & (pos < ends) & (items.layers.unsqueeze(1) == layer)  # [capacity, m]
+    covered = cover.any(0)
+    item = cover.to(torch.int32).argmax(0)  # items of one layer never overlap: at most one
+    token = torch.where(covered, items.permutation[:m], 0)
+    return pos, covered, item, token
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def shrink_torch(x: torch.Tensor, a_buffer: torch.Tensor, items: StaticWorkItems, num_slices: int) -> torch.Tensor:
+    """Torch form of ``lora_shrink_static``: ``[items.max_rows(m), S * max_rank]`` with
+    the row of (item, position) at ``row_start + position - seg_start``; other rows and
+    columns past ``S * r`` are zero. Garbage in the pool beyond a slot's rank is never
+    read into a result."""
+    m, width = x.shape[0], a_buffer.shape[1]
+    bound = items.max_rows(m)
+    out = torch.zeros((bound + 1, width), dtype=x.dtype, device=x.device)  # last row: sink
+    cdtype = _compute_dtype(x, a_buffer)
+    cols = torch.arange(width, device=x.device)
+    for layer in range(items.max_layers):
+        pos, covered, item, token = _layer_map(items, m, layer)
+        slot = items.slots.long()[item]
+        live = cols.unsqueeze(0) < (num_slices * items.ranks.long()[slot]).unsqueeze(1)
+        a = torch.where(live.unsqueeze(2), a_buffer[slot].to(cdtype), 0)
+        rows = torch.einsum("pwd,pd->pw", a, x[token].to(cdtype))
+        row = items.row_starts.long()[item] + pos - items.seg_starts.long()[item]
+        out.index_copy_(0, torch.where(covered, row, bound), rows.to(x.dtype))
+    return out[:bound]
+
+
+def expand_torch(
+    intermediate: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+) -> torch.Tensor:
+    """Torch form of ``lora_expand_static``: adds every covered position's
+    ``scale * inter[row, s*r:(s+1)*r] @ B[slot, slice s, :r].T`` into ``output`` in place;
+    rows of no item are never read (they may hold garbage)."""
+    m, max_rank = output.shape[0], b_buffer.shape[2]
+    cdtype = _compute_dtype(intermediate, b_buffer, output)
+    cols = torch.arange(max_rank, device=output.device)
+    last_col = intermediate.shape[1] - 1
+    for layer in range(items.max_layers):
+        pos, covered, item, token = _layer_map(items, m, layer)
+        slot = items.slots.long()[item]
+        rank = torch.where(covered, items.ranks.long()[slot], 0)
+        live = cols.unsqueeze(0) < rank.unsqueeze(1)  # [m, max_rank]
+        row = torch.where(covered, items.row_starts.long()[item] + pos - items.seg_starts.long()[item], 0)
+        block = intermediate[row]
+        delta = torch.zeros((m, slice_offsets[-1]), dtype=cdtype, device=output.device)
+        for s in range(len(slice_offsets) - 1):
+            lo, hi = slice_offsets[s], slice_offsets[s + 1]
+            index = (s * rank).unsqueeze(1) + cols.unsqueeze(0)
+            xs = torch.where(live, torch.gather(block, 1, index.clamp(max=last_col)).to(cdtype), 0)
+            b = torch.where(live.unsqueeze(1), b_buffer[slot, lo:hi].to(cdtype), 0)
+            delta[:, lo:hi] = torch.einsum("poc,pc->po", b, xs)
+        delta = torch.where(covered.unsqueeze(1), delta * items.scales[item].to(cdtype).unsqueeze(1), 0)
+        output.index_add_(0, token, delta.to(output.dtype))
+    return output

@@ -9,6 +9,10 @@ nothing merged, this is plain unmerged inference: ``(x, +s_x)`` per segment.
 The ``(k, -s_k)`` items of consecutive non-``k`` segments are coalesced into one item
 over their joint token range, so a mixed batch costs one deLoRA item per run of
 other requests rather than one per request.
+
+The same lists serve eager batches (:class:`WorkItems`) and decode CUDA graphs, whose
+fixed-capacity buffers (:class:`~sglang_vlora.atmm.static_items.StaticWorkItems`) are
+sized by :func:`max_mode_items` and :data:`MAX_MODE_LAYERS` for every mode at once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,20 @@ from collections.abc import Sequence
 import torch
 
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items
+
+# Items over one token never exceed two (``+x`` and ``-k``), so overlap layers never do.
+MAX_MODE_LAYERS = 2
+
+
+def max_mode_items(num_requests: int) -> int:
+    """The most items :func:`mode_item_lists` gives for ``num_requests`` requests, in
+    any mode (unmerged: one per request; merged ``k``: none for ``k``'s requests).
+
+    With ``m`` segments of which ``j`` are ``k``'s, there are at most ``m - j`` ``+x``
+    items and at most ``j + 1`` runs of non-``k`` segments (one ``-k`` item each):
+    ``m + 1 <= num_requests + 1`` in all.
+    """
+    return num_requests + 1 if num_requests > 0 else 0
 
 
 def mode_item_lists(

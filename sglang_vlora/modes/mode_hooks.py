@@ -11,7 +11,16 @@ Data path: with adapter ``k`` merged, the ``atmm`` backend builds mixture work i
 (:func:`sglang_vlora.modes.delora.mode_work_items`): ``k``'s requests add nothing, other
 adapters' requests add their own delta and subtract ``k``'s, base-only requests subtract
 ``k``'s. ``k`` stays resident in SGLang's LoRA memory pool while merged (its slot is read
-by the ``-k`` items), so it takes one of ``--max-loras-per-batch`` slots.
+by the ``-k`` items), so it takes one of ``--max-loras-per-batch`` slots. Eager batches
+and decode CUDA graphs use the same items (the graph's static buffers are sized for
+every mode), so every mode works with graphs on.
+
+Weights and CUDA graphs: when the LoRA manager is built (after the model is loaded,
+before the KV cache is sized and before any graph is captured), the base weights of each
+LoRA-targeted module kind are moved once into one ``[L, out, in]`` stack
+(:func:`~sglang_vlora.modes.switcher.stack_in_place`), which gives the switcher its
+one-kernel path. Graphs captured later record the stacks' addresses, and every switch
+updates the stacks in place, so the graphs stay valid across switches.
 """
 
 from __future__ import annotations
@@ -21,10 +30,17 @@ import threading
 import time
 from typing import Any
 
+import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, deltas_from_pool
+from sglang_vlora.modes.switcher import (
+    LoRADelta,
+    SwiftSwitcher,
+    deltas_from_pool,
+    slice_kinds,
+    stack_in_place,
+)
 
 MODES = ("merge", "mixture", "unmerge")
 RPC_MODE = "vlora_mode"
@@ -42,20 +58,54 @@ class ModeController:
         self.merged_uid: str | None = None
         self.last_switch_ms: float | None = None
         self._slices: dict[str, list[int]] = {}
+        self.stacks: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ weights
-    def _build(self) -> SwiftSwitcher:
-        # lora_modules: per layer, full module name -> LoRA layer; the pool keys its
-        # buffers by the short name (qkv_proj, o_proj, gate_up_proj, down_proj).
-        kinds: dict[str, list] = {}
+    def _modules(self) -> dict[str, list]:
+        """LoRA-wrapped modules by short name (qkv_proj, o_proj, gate_up_proj, down_proj:
+        the pool's keys), in layer order. ``lora_modules`` holds, per layer, full module
+        name -> LoRA layer."""
+        by_name: dict[str, list] = {}
         for layer_modules in self.lora_manager.lora_modules:
             for full_name, module in layer_modules.items():
-                name = full_name.rsplit(".", 1)[-1]
-                offsets = _slice_offsets(module)
-                self._slices[name] = offsets
+                by_name.setdefault(full_name.rsplit(".", 1)[-1], []).append(module)
+        return by_name
+
+    def stack_weights(self) -> list[str]:
+        """Move each module kind's base weights (all layers) into one ``[L, out, in]``
+        stack, the parameters rebound to their views. Must run before CUDA graphs
+        capture the weights' addresses (it runs when the LoRA manager is built). Kinds
+        whose weights differ in shape, dtype or device, are not floating point
+        (quantized) or are missing (MoE), stay as they are (the switcher's loop path).
+        Returns the stacked kinds."""
+        for name, modules in self._modules().items():
+            weights = [getattr(m.base_layer, "weight", None) for m in modules]  # MoE layers have none
+            first = weights[0]
+            if name in self.stacks or not all(
+                isinstance(w, torch.Tensor) and w.dim() == 2 and w.is_floating_point()
+                and w.shape == first.shape and w.dtype == first.dtype and w.device == first.device
+                for w in weights
+            ):
+                continue
+            self.stacks[name] = stack_in_place(weights)
+        if self.stacks and next(iter(self.stacks.values())).is_cuda:
+            torch.cuda.empty_cache()  # the per-layer storages, before SGLang sizes the KV cache
+        return sorted(self.stacks)
+
+    def _build(self) -> SwiftSwitcher:
+        kinds: dict[str, torch.Tensor | list] = {}
+        for name, modules in self._modules().items():
+            offsets = _slice_offsets(modules[0])
+            self._slices[name] = offsets
+            names = [f"{name}.{s}" for s in range(len(offsets) - 1)]
+            stack = self.stacks.get(name)
+            if stack is not None and all(m.base_layer.weight.data_ptr() == stack[i].data_ptr() for i, m in enumerate(modules)):
+                kinds.update(slice_kinds(stack, names, offsets))
+                continue
+            for module in modules:
                 weight = module.base_layer.weight
-                for s in range(len(offsets) - 1):
-                    kinds.setdefault(f"{name}.{s}", []).append(weight[offsets[s] : offsets[s + 1]])
+                for kind, lo, hi in zip(names, offsets, offsets[1:], strict=False):
+                    kinds.setdefault(kind, []).append(weight[lo:hi])
         return SwiftSwitcher(kinds, exact=True)
 
     def _register(self, uid: str) -> None:
@@ -92,8 +142,6 @@ class ModeController:
         backend = self.lora_manager.lora_backend
         if getattr(backend, "name", None) != "atmm":
             raise ValueError("merge and mixture modes need --lora-backend atmm (it builds the mixture work items)")
-        if getattr(backend, "graph_info", None) is not None:
-            raise ValueError("merge and mixture modes need decode CUDA graphs off (--cuda-graph-backend-decode disabled)")
         uid = self._uid(adapter) if adapter else None
         if self.switcher is None:
             self.switcher = self._build()
@@ -157,9 +205,14 @@ def controller() -> ModeController | None:
 
 # ------------------------------------------------------------------ scheduler hooks
 def lora_manager_init_after(result, self, *args, **kwargs):
-    """AFTER ``LoRAManager.__init__``: one mode controller per scheduler process."""
+    """AFTER ``LoRAManager.__init__``: one mode controller per scheduler process; with
+    the ``atmm`` backend (the only one that runs merge and mixture), the targeted base
+    weights go into per-kind stacks now, before SGLang sizes the KV cache and captures
+    CUDA graphs (``ModelRunner.initialize`` builds the LoRA manager first)."""
     global _controller
     _controller = ModeController(self)
+    if getattr(self.lora_backend, "name", None) == "atmm":
+        _controller.stack_weights()
     return result
 
 
@@ -207,8 +260,19 @@ def rpc_around(original, self, recv_req):
     try:
         if ctl is None:
             raise ValueError("LoRA is not enabled on this server")
+        from sglang_vlora.orchestrator import scheduler_hooks
+
+        orch = scheduler_hooks.orchestrator()
         params = recv_req.parameters or {}
-        body = ctl.status() if recv_req.method == RPC_STATUS else ctl.apply(params.get("mode"), params.get("adapter"))
+        if recv_req.method == RPC_STATUS:
+            body = {**ctl.status(), "orchestrator": orch.status() if orch is not None else None}
+        elif orch is not None:
+            raise ValueError(
+                f"modes are chosen by --vlora-policy {orch.policy_name}; start the server with "
+                "--vlora-policy manual to set them with POST /vlora/mode"
+            )
+        else:
+            body = ctl.apply(params.get("mode"), params.get("adapter"))
         return RpcReqOutput(success=True, message=json.dumps(body))
     except (ValueError, KeyError) as exc:
         return RpcReqOutput(success=False, message=str(exc))

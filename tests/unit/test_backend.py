@@ -1,7 +1,14 @@
-"""The atmm backend's pure-torch paths against an fp32 per-token reference: mixed
-ranks in one batch, stacked qkv / gate_up slices, empty segments, the no-adapter
-slot, stale memory-pool columns beyond a slot's rank, and the decode-graph layout."""
+"""The atmm backend against an fp64 per-token reference: mixed ranks in one batch,
+stacked qkv / gate_up slices, empty segments, the no-adapter slot, stale memory-pool
+columns beyond a slot's rank; and its decode-CUDA-graph path (static work items filled
+in place) as SGLang drives it: prepared once for capture with base-only requests, then
+before every replay with other adapters, more / fewer / no items, in unmerge, merge and
+mixture mode, with NaN in every row and pool column it must not read.
 
+The graph path runs the ``ops.*_static`` calls: here their graph-safe torch form, and
+under ``TRITON_INTERPRET=1`` (as ``make test`` runs) also the Triton kernels."""
+
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +16,8 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_vlora.backend import ATMMLoRABackend, segments_from_requests
+from sglang_vlora.modes import mode_hooks
+from sglang_vlora.modes.delora import max_mode_items
 
 D_IN = 24
 MAX_RANK = 16
@@ -83,26 +92,133 @@ def test_eager_path_matches_reference(slices):
     assert backend.batch_info.expected_tokens == x.shape[0]
 
 
-@pytest.mark.parametrize("slices", [[20], [12, 6, 6]], ids=["single", "qkv"])
-def test_decode_graph_path_matches_reference(slices):
-    slots = [1, 0, 3, 2, 2, 1]
-    x = torch.randn(len(slots), D_IN)
-    a, b = pools(slices, seed=1)
-    expected, offsets = reference(x, a, b, slots, slices)
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"))
-    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
-    backend.prepare_lora_batch(decode_batch(len(slots)), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
+class FakeController:
+    """The mode controller as the backend sees it: the merged adapter's pool slot."""
+
+    def __init__(self, merged_slot):
+        self.merged_uid = None if merged_slot is None else f"uid{merged_slot}"
+        self.slot = merged_slot
+
+    def merged_slot(self, lora_ranks, scalings):
+        lora_ranks[self.slot] = SLOTS_RANKS[self.slot]
+        scalings[self.slot] = SCALINGS[self.slot]
+        return self.slot
+
+
+def mode_reference(x, a, b, token_slots, slices, merged):
+    """What the backend must add: +own delta for other adapters' tokens, -merged delta
+    for every token not of the merged adapter (none when nothing is merged)."""
+    own, offsets = reference(x, a, b, [s if s != merged else 0 for s in token_slots], slices)
+    if merged is None:
+        return own, offsets
+    minus, _ = reference(x, a, b, [merged if s != merged else 0 for s in token_slots], slices)
+    return own - minus, offsets
+
+
+GRAPH_BS = 8
+# (label, merged slot, request slots, items) replayed in order after a base-only
+# capture. Slot 2 (rank 16) is the merged adapter; ranks 0 / 8 / 16 / 4 mix in a batch.
+REPLAYS = [
+    ("unmerge: more items than captured", None, [1, 3, 3, 2, 0, 1, 2, 1], 6),
+    ("mixture: the most items (capacity), two layers", 2, [1, 2, 3, 2, 1, 2, 3, 1], GRAPH_BS + 1),
+    ("mixture: fewer items, stale entries left from the batch before", 2, [3, 0, 2], 2),
+    ("merge: only the merged adapter's requests, no items", 2, [2, 2, 2, 2, 2], 0),
+    ("mixture: base-only requests (-k only)", 2, [0, 0, 2, 0], 2),
+    ("unmerge: one request", None, [3], 1),
+    ("unmerge: base only, no items", None, [0] * GRAPH_BS, 0),
+]
+
+
+def run_layer(backend, kind, x, a, b, offsets, base):
     offsets_cpu = torch.tensor(offsets, dtype=torch.int32)
-    got = backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets_cpu, n_slices=len(slices))
-    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
-    # A later replay with another adapter mix reuses the same static tensors.
-    static = backend.graph_info.token_slots
-    new_slots = [3, 3, 0]
-    backend.prepare_lora_batch(decode_batch(3), new_slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
-    assert backend.graph_info.token_slots is static
-    got = backend.run_qkv_lora(x[:3], a, b, output_offset_cpu=offsets_cpu, n_slices=len(slices))
-    expected, _ = reference(x[:3], a, b, new_slots, slices)
-    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    if kind == "single":
+        inter = backend.run_lora_a_sgemm(x, a)
+        return backend.run_lora_b_sgemm(inter, b, output_offset_cpu=offsets_cpu, base_output=base)
+    if kind == "qkv":
+        return backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets_cpu, base_output=base)
+    if kind == "gate_up":
+        return backend.run_gate_up_lora(x, a, b, output_offset_cpu=offsets_cpu, base_output=base)
+    # SGLang's LoRA layers call forward_with_base(layer, x, base_fn, ...)
+    return backend.forward_with_base(None, x, lambda: base, a, b, None, tuple(offsets))
+
+
+IMPLS = ["torch"] + (["auto"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
+KINDS = {"single": [20], "qkv": [12, 6, 6], "gate_up": [10, 10], "with_base": [12, 6, 6]}
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_graph_path_replays_any_mode_and_item_count(monkeypatch, kind, impl):
+    slices = KINDS[kind]
+    a, b = pools(slices, seed=3)
+    # NaN where a slot's rank ends: no path may read pool entries past the rank.
+    for slot, r in enumerate(SLOTS_RANKS):
+        a[slot, len(slices) * r :] = float("nan")
+        b[slot, :, r:] = float("nan")
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl)
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
+    static = backend.graph_items
+    assert static.capacity == max_mode_items(GRAPH_BS) and static.max_layers == 2
+    buffers = (static.packed.data_ptr(), static.permutation.data_ptr())
+
+    # Capture: SGLang prepares a padded, base-only batch (no items), then captures.
+    monkeypatch.setattr(mode_hooks, "controller", lambda: FakeController(None))
+    backend.prepare_lora_batch(decode_batch(GRAPH_BS), [0] * GRAPH_BS, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
+    assert backend.use_graph_path and backend.batch_info.use_cuda_graph
+    offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(GRAPH_BS, offsets[-1], generator=g)
+    assert torch.equal(run_layer(backend, kind, torch.randn(GRAPH_BS, D_IN, generator=g), a, b, offsets, base.clone()), base)
+
+    for label, merged, slots, num_items in REPLAYS:
+        monkeypatch.setattr(mode_hooks, "controller", lambda merged=merged: FakeController(merged))
+        ranks = [r if s in slots else 0 for s, r in enumerate(SLOTS_RANKS)]  # SGLang: batch's adapters only
+        backend.prepare_lora_batch(decode_batch(len(slots)), slots, ranks, SCALINGS, use_cuda_graph=True)
+        assert int((static.seg_lens > 0).sum()) == num_items, label
+        n = len(slots)
+        # The replayed graph runs at the captured (padded) size; padding rows are NaN.
+        x = torch.full((GRAPH_BS, D_IN), float("nan"))
+        x[:n] = torch.randn(n, D_IN, generator=g)
+        base = torch.randn(GRAPH_BS, offsets[-1], generator=g)
+        got = run_layer(backend, kind, x, a, b, offsets, base.clone())
+        expected, _ = mode_reference(x[:n], a, b, slots, slices, merged)
+        torch.testing.assert_close(got[:n].double() - base[:n].double(), expected, rtol=1e-4, atol=1e-4, msg=label)
+        assert torch.equal(got[n:], base[n:]), label
+        assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
+
+
+def test_graph_path_matches_eager_path_in_mixture(monkeypatch):
+    """One batch, both layouts: the same items, the same result."""
+    slices = [12, 6, 6]
+    a, b = pools(slices, seed=5)
+    slots = [1, 2, 3, 2, 0, 1, 1]
+    x = torch.randn(len(slots), D_IN)
+    offsets = torch.tensor(reference(x, a, b, slots, slices)[1], dtype=torch.int32)
+    monkeypatch.setattr(mode_hooks, "controller", lambda: FakeController(2))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
+    backend.prepare_lora_batch(decode_batch(len(slots)), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
+    eager = backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets)
+    backend.prepare_lora_batch(decode_batch(len(slots)), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
+    graph = backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets)
+    torch.testing.assert_close(graph, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_items_fit_every_batch_in_every_mode(monkeypatch):
+    """Random batches up to the graph's size (2 tokens per request, as in speculative
+    verify) fill the static buffers in every mode without overflow."""
+    g = torch.Generator().manual_seed(6)
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=6, num_tokens_per_req=2)
+    for trial in range(300):
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        slots = torch.randint(0, len(SLOTS_RANKS), (n,), generator=g).tolist()
+        controller = FakeController([None, 1, 2, 3][trial % 4])
+        monkeypatch.setattr(mode_hooks, "controller", lambda c=controller: c)
+        batch = SimpleNamespace(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=n, spec_info=SimpleNamespace(draft_token_num=2)
+        )
+        backend.prepare_lora_batch(batch, slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
 
 
 def test_segments_group_consecutive_requests_only():
@@ -117,7 +233,7 @@ def test_embedding_and_lm_head_targets_are_refused():
 
 
 def test_graph_batch_larger_than_captured_is_refused():
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=2, num_tokens_per_req=1)
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(decode_batch(3), [1, 1, 1], SLOTS_RANKS, SCALINGS, use_cuda_graph=True)

@@ -1,0 +1,133 @@
+"""The mode controller over a stand-in LoRA manager (no server): the base weights are
+stacked once when the manager is built (before SGLang would capture CUDA graphs), every
+switch then updates those same storages in place (so captured graphs stay valid), and
+decode CUDA graphs no longer refuse a mode. Plus the bound that sizes the graphs'
+static work items in every mode."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_vlora.atmm.work_items import build_work_items
+from sglang_vlora.modes import mode_hooks
+from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_item_lists
+
+LAYERS = 3
+D = 16
+QKV = [0, 16, 20, 24]  # q 16, k 4, v 4
+MAX_RANK = 8
+ADAPTERS = {"a": (0, 4, 2.0), "b": (1, 8, 0.5)}  # name: (pool slot, rank, scaling)
+
+
+def fake_manager(backend_name: str = "atmm"):
+    g = torch.Generator().manual_seed(0)
+    layers = []
+    for i in range(LAYERS):
+        qkv = SimpleNamespace(base_layer=torch.nn.Linear(D, QKV[-1], bias=False), output_offset_cpu=torch.tensor(QKV))
+        o = SimpleNamespace(base_layer=torch.nn.Linear(D, D, bias=False))
+        layers.append({f"model.layers.{i}.self_attn.qkv_proj": qkv, f"model.layers.{i}.self_attn.o_proj": o})
+    a_buf = {
+        "qkv_proj": [torch.randn(2, 3 * MAX_RANK, D, generator=g) for _ in range(LAYERS)],
+        "o_proj": [torch.randn(2, MAX_RANK, D, generator=g) for _ in range(LAYERS)],
+    }
+    b_buf = {
+        "qkv_proj": [torch.randn(2, QKV[-1], MAX_RANK, generator=g) for _ in range(LAYERS)],
+        "o_proj": [torch.randn(2, D, MAX_RANK, generator=g) for _ in range(LAYERS)],
+    }
+    uid_to_slot = {f"uid-{n}": slot for n, (slot, _, _) in ADAPTERS.items()}
+    pool = SimpleNamespace(A_buffer=a_buf, B_buffer=b_buf, uid_to_buffer_id=uid_to_slot, get_buffer_id=uid_to_slot.get)
+    return SimpleNamespace(
+        lora_modules=layers,
+        memory_pool=pool,
+        lora_backend=SimpleNamespace(name=backend_name, graph_items=object()),  # graphs on
+        loras={f"uid-{n}": SimpleNamespace(config=SimpleNamespace(r=r), scaling=s) for n, (_, r, s) in ADAPTERS.items()},
+        lora_refs={f"uid-{n}": SimpleNamespace(lora_name=n) for n in ADAPTERS},
+    )
+
+
+def expected_weight(manager, name, layer, adapter):
+    """W0 + s B A for every slice of one layer (fp64)."""
+    slot, r, s = ADAPTERS[adapter]
+    offsets = QKV if name == "qkv_proj" else [0, D]
+    a = manager.memory_pool.A_buffer[name][layer][slot].double()
+    b = manager.memory_pool.B_buffer[name][layer][slot].double()
+    delta = torch.zeros(offsets[-1], D, dtype=torch.float64)
+    for j in range(len(offsets) - 1):
+        lo, hi = offsets[j], offsets[j + 1]
+        delta[lo:hi] = s * b[lo:hi, :r] @ a[j * r : (j + 1) * r]
+    return delta
+
+
+def test_weights_are_stacked_when_the_manager_is_built_and_switched_in_place(monkeypatch):
+    monkeypatch.setattr(mode_hooks, "_controller", None)
+    manager = fake_manager()
+    modules = [(name.rsplit(".", 1)[-1], i, m) for i, layer in enumerate(manager.lora_modules) for name, m in layer.items()]
+    originals = {(name, i): m.base_layer.weight.detach().clone() for name, i, m in modules}
+    x = torch.randn(5, D)
+    before = {(name, i): m.base_layer(x) for name, i, m in modules}
+
+    mode_hooks.lora_manager_init_after(None, manager)
+    ctl = mode_hooks.controller()
+    assert sorted(ctl.stacks) == ["o_proj", "qkv_proj"]
+    for name, i, m in modules:  # the model's parameters are views of the stacks, same values
+        assert m.base_layer.weight.data_ptr() == ctl.stacks[name][i].data_ptr()
+        assert torch.equal(m.base_layer(x), before[(name, i)])
+    # What a CUDA graph captured after this point would hold: these addresses.
+    captured = {(name, i): m.base_layer.weight.data_ptr() for name, i, m in modules}
+
+    for mode, adapter in [("merge", "a"), ("mixture", "b"), ("merge", "a"), ("unmerge", None)]:
+        status = ctl.apply(mode, adapter)
+        assert (status["mode"], status["merged_adapter"]) == (mode, adapter)
+        assert set(status["paths"].values()) == {"batched"}  # one baddbmm_ per kind, not a loop
+        for name, i, m in modules:
+            w = m.base_layer.weight
+            assert w.data_ptr() == captured[(name, i)], "a switch moved a weight: captured graphs would go stale"
+            if adapter is None:
+                assert torch.equal(w, originals[(name, i)])
+            else:
+                want = originals[(name, i)].double() + expected_weight(manager, name, i, adapter)
+                torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_modes_still_need_the_atmm_backend(monkeypatch):
+    monkeypatch.setattr(mode_hooks, "_controller", None)
+    manager = fake_manager("triton")
+    mode_hooks.lora_manager_init_after(None, manager)
+    ctl = mode_hooks.controller()
+    assert ctl.stacks == {}  # nothing moved for a backend that cannot run the modes
+    with pytest.raises(ValueError, match="--lora-backend atmm"):
+        ctl.apply("merge", "a")
+
+
+def test_kinds_that_cannot_be_stacked_are_left_alone(monkeypatch):
+    monkeypatch.setattr(mode_hooks, "_controller", None)
+    manager = fake_manager()
+    layer0 = manager.lora_modules[0]["model.layers.0.self_attn.o_proj"]
+    layer0.base_layer.weight.data = layer0.base_layer.weight.data.double()
+    for layer in manager.lora_modules:  # an MoE layer: no .weight
+        layer["model.layers.0.mlp.experts"] = SimpleNamespace(base_layer=SimpleNamespace())
+    ctl = mode_hooks.ModeController(manager)
+    assert ctl.stack_weights() == ["qkv_proj"]
+
+
+def test_max_mode_items_bounds_every_batch():
+    """The static items' capacity: no batch of n requests, in any mode, has more than
+    max_mode_items(n) items or more than MAX_MODE_LAYERS overlap layers; the bound is
+    reached."""
+    ranks = [0, 8, 16, 4, 2]
+    scalings = [0.0, 1.0, 2.0, 0.5, 1.5]
+    g = torch.Generator().manual_seed(1)
+    for trial in range(2000):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        slots = torch.randint(0, len(ranks), (n,), generator=g).tolist()
+        lens = torch.randint(0 if trial % 3 else 1, 3, (n,), generator=g).tolist()
+        starts = [sum(lens[:i]) for i in range(n)]
+        merged = [None, 1, 2, 3, 4][trial % 5]
+        lists = mode_item_lists(starts, lens, slots, ranks, scalings, merged)
+        assert len(lists[0]) <= max_mode_items(n)
+        assert build_work_items(*lists, ranks).num_layers <= MAX_MODE_LAYERS
+    worst = [1, 2, 3, 2, 1, 2, 3, 1]  # merged 2 between runs of distinct other adapters
+    assert len(mode_item_lists(list(range(8)), [1] * 8, worst, ranks, scalings, 2)[0]) == max_mode_items(8)
