@@ -91,6 +91,16 @@ ARG_HOOKS = [
     ),
 ]
 
+async def validate_requests_around(original, self, obj) -> None:
+    """AROUND ``TokenizerManager._validate_and_resolve_lora`` (launcher): SGLang's checks,
+    then the task-head fields, then the application / SLO fields."""
+    from sglang_vlora.heads import head_hooks
+    from sglang_vlora.orchestrator import scheduler_hooks
+
+    await head_hooks.validate_head_requests_around(original, self, obj)
+    scheduler_hooks.validate_application_and_slo(obj)
+
+
 def _head_hooks() -> list[Hook]:
     from sglang_vlora.heads import head_hooks
 
@@ -99,8 +109,9 @@ def _head_hooks() -> list[Hook]:
         Hook(
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_and_resolve_lora",
             HookType.AROUND,
-            head_hooks.validate_head_requests_around,
-            "refuse head requests whose adapter has no such head (400), finish head requests after prefill",
+            validate_requests_around,
+            "refuse head requests whose adapter has no such head and malformed application / SLO "
+            "fields (400), finish head requests after prefill",
         ),
         Hook(
             f"{lora_manager}.validate_new_adapter",
@@ -215,12 +226,6 @@ def _orchestrator_hooks() -> list[Hook]:
             HookType.BEFORE,
             scheduler_hooks.run_batch_before,
             "count each batch under the mode it runs in and time it (measured cost model)",
-        ),
-        Hook(
-            "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_and_resolve_lora",
-            HookType.AROUND,
-            scheduler_hooks.validate_slo_around,
-            "a malformed application or SLO in custom_params gets a 400 with the reason",
         ),
     ]
 

@@ -54,6 +54,7 @@ def _fold_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     ADD_LORA: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     layer = tl.program_id(2).to(tl.int64)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,7 +75,7 @@ def _fold_kernel(
             mask=mask_r[:, None] & mask_n[None, :],
             other=0.0,
         )
-        value = (src.to(tl.float32) + scale * tl.dot(b, a)).to(out_ptr.dtype.element_ty)
+        value = (src.to(tl.float32) + scale * tl.dot(b, a, input_precision=PRECISION)).to(out_ptr.dtype.element_ty)
     else:
         value = src
     tl.store(out_ptr + layer * s_out_l + rm[:, None] * s_out_m + rn[None, :] * s_out_n, value, mask=tile)
@@ -117,6 +118,9 @@ def fold(
         BLOCK_N=cfg.block_n,
         BLOCK_R=block_r,
         ADD_LORA=True,
+        # fp32 weights: full fp32 products (TF32 would put ~1e-3 relative error in the
+        # delta: merged and unmerged fp32 servers then differ measurably).
+        PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
     )
     return out
@@ -134,6 +138,6 @@ def copy_stack(out: torch.Tensor, src: torch.Tensor, config: FoldConfig | None =
     _fold_kernel[grid](
         out, src, out, out, 0.0, m, n, 0,
         *out.stride(), *src.stride(), 0, 0, 0, 0, 0, 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_R=16, ADD_LORA=False, num_warps=cfg.num_warps,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_R=16, ADD_LORA=False, PRECISION="tf32", num_warps=cfg.num_warps,
     )
     return out

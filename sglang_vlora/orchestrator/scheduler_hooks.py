@@ -231,11 +231,11 @@ class Orchestrator:
                 self.metrics.queue.labels(adapter=name).set(queue.get(name, 0))
         self.queue = queue
 
-    def _switch(self, mode: Mode, uid: str | None) -> None:
+    def _switch(self, mode: Mode, uid: str | None, record: bool = True) -> None:
         ctl = self.controller
         old = ctl.merged_uid
         seconds = self._timed_apply(mode.value, uid)
-        if seconds is None:
+        if seconds is None or not record:
             return
         self.switches += 1
         self.switch_seconds += seconds
@@ -280,10 +280,12 @@ class Orchestrator:
 
     def _calibrate_switches(self) -> None:
         """Idle with adapters loaded and no switch measured yet: time one merge, (one fused
-        switch,) one unmerge, so credits charge switches from the first request on."""
+        switch,) one unmerge, so credits charge switches from the first request on. A first,
+        unrecorded cycle takes the one-time costs (kernel compilation, the pristine copy)."""
         uids = sorted(self.lora_manager.loras, key=self._name)[:2]
-        for uid in [*uids, None]:
-            self._switch(Mode.MERGE if uid is not None else Mode.UNMERGE, uid)
+        for record in (False, True):
+            for uid in [*uids, None]:
+                self._switch(Mode.MERGE if uid is not None else Mode.UNMERGE, uid, record=record)
         logger.info("sglang-vlora: measured switch costs on %s", [self._name(u) for u in uids])
 
     # -------------------------------------------------------------------- reports
@@ -378,10 +380,9 @@ def run_batch_before(self, batch, *args, **kwargs):
         orch.before_run(batch)
 
 
-async def validate_slo_around(original, self, obj) -> None:
-    """AROUND ``TokenizerManager._validate_and_resolve_lora`` (launcher): a malformed
-    application or SLO in ``custom_params`` is a 400 with the reason."""
-    await original(self, obj)
+def validate_application_and_slo(obj) -> None:
+    """Launcher, per request of a ``GenerateReqInput``: a malformed application or SLO in
+    ``custom_params`` raises ``ValueError`` with the reason (SGLang answers 400)."""
     params = obj.sampling_params
     for entry in params if isinstance(params, list) else [params]:
         if isinstance(entry, dict):
