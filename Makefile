@@ -40,11 +40,13 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-# GPU benchmarks: each prints a table and writes JSON + PNG under bench/results/, and says so
-# and exits when no GPU is present.
+# Benchmarks: each prints a table and writes JSON + PNG under bench/results/. The kernel and
+# mode-switch benchmarks need a GPU (they say so and exit without one); the end-to-end serving
+# benchmark runs its GPU scale (7B shape) on a GPU and its CPU scale (tiny model) without one.
 bench: install
 	$(PY) bench/kernels.py --check
 	$(PY) bench/switch.py
+	$(PY) bench/run_e2e.py --scale $(if $(HAS_GPU),gpu,cpu)
 
 # Offline tiling search on this GPU; writes sglang_vlora/atmm/tables/<device>.json.
 tune: install
@@ -52,4 +54,4 @@ tune: install
 
 # Kernel checks on a GPU (CI runs the same kernels in Triton's interpreter).
 test-gpu: install
-	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py
+	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu
