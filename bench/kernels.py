@@ -6,7 +6,10 @@
 Methods: ``merged`` (the base GEMM alone: adapter folded into W), ``atmm`` (ours:
 graph-safe ``lora_apply_static`` in decode, ``lora_apply`` in prefill),
 ``atmm_overlap`` (``lora_apply_static_with_base``: the shrink on a side stream next to
-the base GEMM, then the expand), SGLang's
+the base GEMM, then the expand), ``atmm_cuda`` (the CUDA C++ implementation:
+``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
+from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
+extension cannot be built), SGLang's
 ``triton`` and ``csgmv`` LoRA backend kernels (imported from the installed sglang;
 skipped if it is missing), ``bmm`` (tokens padded per adapter, cuBLAS batched GEMM,
 the dLoRA way). Each method's time includes the base GEMM; the table reports the
@@ -149,6 +152,10 @@ class Cell:
             ops.lora_apply_static(x, t["a"], t["b"], self.static, self.offsets, out)
         else:
             ops.lora_apply(x, t["a"], t["b"], self.items, self.offsets, out)
+
+    def lora_atmm_cuda(self, t: dict) -> None:
+        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
+        ops.lora_apply(x, t["a"], t["b"], self.items, self.offsets, out, impl="cuda")
 
     def _batch_info(self, chunk: int | None):
         from sglang.srt.lora.utils import LoRABatchInfo
@@ -311,7 +318,14 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_cuda", *peers, "bmm"]
+    if "atmm_cuda" in methods:
+        from sglang_vlora.atmm import cuda_ext
+
+        try:
+            cuda_ext.load()  # build before timing; a failure is reported per cell
+        except RuntimeError as exc:
+            print(f"atmm_cuda: {exc}", flush=True)
     decode = [(8, 1), (32, 1)] if args.quick else DECODE
     prefill = [(4, 1024)] if args.quick else PREFILL
     meta = {
@@ -388,14 +402,14 @@ def print_row(row: dict, methods: list[str]) -> None:
 def print_table(rows: list[dict], methods: list[str]) -> None:
     others = [n for n in methods if n != "merged"]
     head = "| shape | mode | rank | tokens | adapters | merged us | " + " | ".join(f"{n} %" for n in others)
-    print(head + " | atmm err |")
-    print("|" + "---|" * (head.count("|") + 1))
+    print(head + " | atmm err | atmm_cuda err |")
+    print("|" + "---|" * (head.count("|") + 2))
     for r in rows:
         cells = " | ".join("-" if r["extra_pct"][n] is None else f"{r['extra_pct'][n]:.1f}" for n in others)
-        err = r["err"].get("atmm", "")
+        err, cuda_err = r["err"].get("atmm", ""), r["err"].get("atmm_cuda", "")
         print(
             f"| {r['shape']} | {r['mode']} | {r['rank']} | {r['tokens']} | {r['adapters']} | "
-            f"{r['us']['merged']:.1f} | {cells} | {err} |"
+            f"{r['us']['merged']:.1f} | {cells} | {err} | {cuda_err} |"
         )
 
 
