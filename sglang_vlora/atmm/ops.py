@@ -342,27 +342,7 @@ def _shrink_kernel(
     if items.num_items == 0:
         return torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     which, cfg = _pick_shrink(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0], impl)
-    if which == "cuda":
-        from sglang_vlora.atmm import cuda_ext
-
-        alloc = torch.zeros if zero_fill else torch.empty
-        inter = alloc((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-        cuda_ext.launch_shrink(
-            x,
-            a_buffer,
-            inter,
-            items.seg_starts,
-            items.seg_lens,
-            items.slots,
-            items.row_starts,
-            items.ranks,
-            items.permutation,
-            num_slices,
-            cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m),
-            cfg,
-        )
-        return inter
-    return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill)
+    return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill, which)
 
 
 def _launch_shrink(
@@ -373,27 +353,23 @@ def _launch_shrink(
     rows: int,
     cfg,
     zero_fill: bool,
+    which: str = "triton",
 ) -> torch.Tensor:
-    """Allocate the ``[rows, S * max_rank]`` intermediate and run the shrink kernel
-    (eager and graph-safe items carry the same device tensors)."""
-    from sglang_vlora.atmm import triton_kernels
-
+    """Allocate the ``[rows, S * max_rank]`` intermediate and run the shrink kernel of
+    ``which`` implementation (eager and graph-safe items carry the same device tensors;
+    the CUDA kernel needs the eager items' host lengths for its grid)."""
     alloc = torch.zeros if zero_fill else torch.empty
     inter = alloc((rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    triton_kernels.launch_shrink(
-        x,
-        a_buffer,
-        inter,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.row_starts,
-        items.ranks,
-        items.permutation,
-        num_slices,
-        rows,
-        cfg,
-    )
+    args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
+            items.permutation, num_slices)
+    if which == "cuda":
+        from sglang_vlora.atmm import cuda_ext
+
+        cuda_ext.launch_shrink(*args, cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m), cfg)
+    else:
+        from sglang_vlora.atmm import triton_kernels
+
+        triton_kernels.launch_shrink(*args, rows, cfg)
     return inter
 
 
@@ -410,44 +386,14 @@ def _expand_kernel(
     num_slices = len(slice_offsets) - 1
     key = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
     which, cfg = _pick_expand(output, *key, impl)
+    args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
+            items.layers, items.num_layers, items.ranks, items.permutation, slice_offsets)
     if which == "cuda":
         from sglang_vlora.atmm import cuda_ext
 
-        cuda_ext.launch_expand(
-            inter,
-            b_buffer,
-            output,
-            items.seg_starts,
-            items.seg_lens,
-            items.slots,
-            items.scales,
-            items.row_starts,
-            items.layers,
-            items.num_layers,
-            items.ranks,
-            items.permutation,
-            slice_offsets,
-            cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m),
-            cfg,
-        )
-        return output
-    from sglang_vlora.atmm import triton_kernels
+        cuda_ext.launch_expand(*args, cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m), cfg)
+    else:
+        from sglang_vlora.atmm import triton_kernels
 
-    triton_kernels.launch_expand(
-        inter,
-        b_buffer,
-        output,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.scales,
-        items.row_starts,
-        items.layers,
-        items.num_layers,
-        items.ranks,
-        items.permutation,
-        slice_offsets,
-        min(items.total_rows, output.shape[0]),
-        cfg,
-    )
+        triton_kernels.launch_expand(*args, min(items.total_rows, output.shape[0]), cfg)
     return output
