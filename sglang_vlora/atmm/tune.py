@@ -111,80 +111,21 @@ class Problem:
             self.out = torch.randn(m, offsets[-1], dtype=dtype, device=device)
 
     def launcher(self, cfg: ShrinkConfig | ExpandConfig, impl: str = "triton") -> Callable[[], None]:
+        """A no-argument launch of this problem with ``cfg`` on ``impl``. The two
+        implementations take the same arguments except the grid's rows: Triton a row
+        bound, CUDA the exact row tiles of the items."""
         it = self.items
         if impl == "cuda":
-            return self._cuda_launcher(cfg)
+            module, rows = cuda_ext, cuda_ext.exact_row_tiles(it.seg_lens_host, cfg.block_m)
+        else:
+            module, rows = triton_kernels, it.total_rows
         if self.shape[0] == "shrink":
-            out = self.inter
-            return lambda: triton_kernels.launch_shrink(
-                self.x,
-                self.a,
-                out,
-                it.seg_starts,
-                it.seg_lens,
-                it.slots,
-                it.row_starts,
-                it.ranks,
-                None,
-                1,
-                it.total_rows,
-                cfg,
-            )
-        return lambda: triton_kernels.launch_expand(
-            self.inter,
-            self.b,
-            self.out,
-            it.seg_starts,
-            it.seg_lens,
-            it.slots,
-            it.scales,
-            it.row_starts,
-            None,
-            1,
-            it.ranks,
-            None,
-            self.offsets,
-            it.total_rows,
-            cfg,
-        )
-
-
-    def _cuda_launcher(self, cfg: ShrinkConfig | ExpandConfig) -> Callable[[], None]:
-        it = self.items
-        row_tiles = cuda_ext.exact_row_tiles(it.seg_lens_host, cfg.block_m)
-        if self.shape[0] == "shrink":
-            out = self.inter
-            return lambda: cuda_ext.launch_shrink(
-                self.x,
-                self.a,
-                out,
-                it.seg_starts,
-                it.seg_lens,
-                it.slots,
-                it.row_starts,
-                it.ranks,
-                None,
-                1,
-                row_tiles,
-                cfg,
-            )
-        return lambda: cuda_ext.launch_expand(
-            self.inter,
-            self.b,
-            self.out,
-            it.seg_starts,
-            it.seg_lens,
-            it.slots,
-            it.scales,
-            it.row_starts,
-            None,
-            1,
-            it.ranks,
-            None,
-            self.offsets,
-            row_tiles,
-            cfg,
-        )
+            args = (self.x, self.a, self.inter, it.seg_starts, it.seg_lens, it.slots, it.row_starts, it.ranks,
+                    None, 1, rows, cfg)
+            return lambda: module.launch_shrink(*args)
+        args = (self.inter, self.b, self.out, it.seg_starts, it.seg_lens, it.slots, it.scales, it.row_starts,
+                None, 1, it.ranks, None, self.offsets, rows, cfg)
+        return lambda: module.launch_expand(*args)
 
 
 def _device_items(starts, lens, slots, scales, ranks, device):
