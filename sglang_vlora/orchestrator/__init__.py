@@ -7,7 +7,13 @@ here that touches SGLang, imported by the plugin alone) builds a
 """
 
 from sglang_vlora.orchestrator import baselines as baselines  # registers the comparison policies
-from sglang_vlora.orchestrator.cost_model import CostModel, CostModelError, MeasuredCosts, load_cost_model
+from sglang_vlora.orchestrator.cost_model import (
+    CostModel,
+    CostModelError,
+    MeasuredCosts,
+    OutputLengths,
+    load_cost_model,
+)
 from sglang_vlora.orchestrator.policy import (
     PolicyConfig,
     SchedulingPolicy,
@@ -22,6 +28,7 @@ __all__ = [
     "CostModelError",
     "Decision",
     "MeasuredCosts",
+    "OutputLengths",
     "Mode",
     "PolicyConfig",
     "Request",

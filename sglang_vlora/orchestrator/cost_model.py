@@ -258,6 +258,34 @@ class MeasuredCosts:
         return self._snapshot
 
 
+class OutputLengths:
+    """Expected output length of a request, learned from finished ones.
+
+    ``max_new_tokens`` is only a cap (an OpenAI request without ``max_tokens`` has none
+    below the context length), and charging it as the expected length makes every
+    request look starving. So a request is expected to produce the mean output length
+    of the last ``window`` finished requests of its group (its application, else its
+    adapter), at most its cap; a group with nothing finished yet is expected to produce
+    its cap, or, without one, what it has produced so far plus one token.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self._window = window
+        self._done: dict[str | None, deque[int]] = {}
+
+    def record(self, group: str | None, tokens: int) -> None:
+        self._done.setdefault(group, deque(maxlen=self._window)).append(max(0, tokens))
+
+    def expected(self, group: str | None, cap: int | None, so_far: int) -> int:
+        done = self._done.get(group)
+        if done:
+            mean = round(sum(done) / len(done))
+            guess = mean if cap is None else min(cap, mean)
+        else:
+            guess = cap if cap is not None else so_far + 1
+        return max(guess, so_far)
+
+
 def _fill_modes(measured: Mapping[Mode, float]) -> dict[Mode, float]:
     slowest = max(measured.values(), default=0.0)
     return {mode: measured.get(mode, slowest) for mode in Mode}

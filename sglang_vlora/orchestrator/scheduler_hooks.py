@@ -35,7 +35,7 @@ from collections import Counter
 from typing import Any
 
 from sglang_vlora.config import VLoRAConfig
-from sglang_vlora.orchestrator.cost_model import CostModel, MeasuredCosts
+from sglang_vlora.orchestrator.cost_model import CostModel, MeasuredCosts, OutputLengths
 from sglang_vlora.orchestrator.policy import PolicyConfig, make_policy
 from sglang_vlora.orchestrator.request_params import application_and_slo
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState
@@ -102,6 +102,8 @@ class Orchestrator:
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
         self._arrival: dict[str, float] = {}
+        self._outputs = OutputLengths()
+        self._tracked: dict[str, Any] = {}  # running requests of the last decision, to learn output lengths
         self._pending: tuple[Mode, int, float] | None = None  # the batch in flight: mode, prefill tokens, start
         self.iterations: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
@@ -119,6 +121,7 @@ class Orchestrator:
             if self.measured is not None:
                 self.measured.record_iteration(mode, tokens, now - started)
         waiting, running = list(scheduler.waiting_queue), _running_requests(scheduler)
+        self._learn_output_lengths(running)
         if not waiting and not running:
             if self.queue:
                 self._report_queue({})
@@ -177,13 +180,17 @@ class Orchestrator:
         self._report_queue(dict(Counter(self._name(r.adapter) for r in state.requests)))
         return decision
 
-    @staticmethod
-    def _request(req, arrival: float, running: bool) -> Request:
+    def _learn_output_lengths(self, running: list) -> None:
+        """Record the output length of every request that finished since the last call."""
+        still = {req.rid for req in running}
+        for rid, req in self._tracked.items():
+            if rid not in still and req.finished():
+                self._outputs.record(_group(req), len(req.output_ids))
+        self._tracked = {req.rid: req for req in running}
+
+    def _request(self, req, arrival: float, running: bool) -> Request:
         params = req.sampling_params
-        try:
-            application, slo = application_and_slo(params.custom_params)
-        except ValueError:  # refused by the launcher; a request from elsewhere just has no SLO
-            application, slo = None, None
+        application, slo = _application_and_slo(req)
         prompt = len(req.origin_input_ids)
         output = len(req.output_ids)
         if running:
@@ -191,13 +198,13 @@ class Orchestrator:
             prefilled = min(prompt, kv) if not output else prompt
         else:
             prefilled = 0
-        expected = params.max_new_tokens if params.max_new_tokens is not None else output + 1
+        expected = self._outputs.expected(_group(req), params.max_new_tokens, output)
         return Request(
             rid=req.rid,
             adapter=req.lora_id,
             arrival=arrival,
             prompt_tokens=prompt,
-            expected_output_tokens=max(expected, output),
+            expected_output_tokens=expected,
             prefilled_tokens=prefilled,
             output_tokens=output,
             application=application,
@@ -322,6 +329,19 @@ class Orchestrator:
                 "decode_step_s": {m.value: v for m, v in cost.decode_step_s.items()},
             },
         }
+
+
+def _application_and_slo(req) -> tuple[str | None, float | None]:
+    try:
+        return application_and_slo(req.sampling_params.custom_params)
+    except ValueError:  # refused by the launcher; a request from elsewhere just has no SLO
+        return None, None
+
+
+def _group(req) -> str | None:
+    """Requests expected to answer alike: same application, else same adapter."""
+    application, _ = _application_and_slo(req)
+    return f"app:{application}" if application is not None else req.lora_id
 
 
 def _running_requests(scheduler) -> list:

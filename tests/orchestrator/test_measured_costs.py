@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_vlora.orchestrator import CostModelError, MeasuredCosts, Mode
+from sglang_vlora.orchestrator import CostModelError, MeasuredCosts, Mode, OutputLengths
 from sglang_vlora.orchestrator.request_params import application_and_slo
 from tests.orchestrator.builders import req
 
@@ -66,6 +66,18 @@ def test_the_snapshot_is_reused_until_something_new_is_measured():
     assert costs.snapshot() is first
     costs.record_iteration(Mode.MERGE, 0, 0.01)
     assert costs.snapshot() is not first
+
+
+def test_output_length_is_learned_per_group_and_capped():
+    lengths = OutputLengths(window=3)
+    assert lengths.expected("video", cap=64, so_far=0) == 64  # nothing finished: the cap
+    assert lengths.expected("video", cap=None, so_far=5) == 6  # no cap either: one more token
+    for tokens in (100, 10, 20, 30):  # the window keeps the last three
+        lengths.record("video", tokens)
+    assert lengths.expected("video", cap=None, so_far=0) == 20
+    assert lengths.expected("video", cap=8, so_far=0) == 8
+    assert lengths.expected("video", cap=None, so_far=25) == 25  # never below what is already out
+    assert lengths.expected("retrieval", cap=None, so_far=0) == 1  # groups are separate
 
 
 @pytest.mark.parametrize(
