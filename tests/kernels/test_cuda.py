@@ -39,19 +39,7 @@ def pool(d_in: int, offsets: list[int], gen: torch.Generator):
 
 
 def delta_fp64(x, a, b, offsets, starts, lens, slots, scales, perm=None):
-    x, a, b = x.double().cpu(), a.double().cpu(), b.double().cpu()
-    out = torch.zeros(x.shape[0], offsets[-1], dtype=torch.float64)
-    for start, n, slot, scale in zip(starts, lens, slots, scales, strict=True):
-        r = RANKS[slot]
-        if n == 0 or r == 0:
-            continue
-        pos = torch.arange(start, start + n)
-        rows = pos if perm is None else perm.cpu()[pos]
-        for s in range(len(offsets) - 1):
-            lo, hi = offsets[s], offsets[s + 1]
-            t = x[rows] @ a[slot, s * r : (s + 1) * r].T
-            out[rows, lo:hi] += scale * t @ b[slot, lo:hi, :r].T
-    return out
+    return ref_delta(x, a, b, offsets, RANKS, starts, lens, slots, scales, perm)
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -151,7 +139,7 @@ def cuda_mod():
 
 
 def ref_delta(x, a, b, offsets, ranks, starts, lens, slots, scales, perm=None):
-    """fp64 LoRA delta for any rank table (``delta_fp64`` fixes RANKS)."""
+    """fp64 LoRA delta for any rank table (``delta_fp64``: the module's RANKS)."""
     x, a, b = x.double().cpu(), a.double().cpu(), b.double().cpu()
     out = torch.zeros(x.shape[0], offsets[-1], dtype=torch.float64)
     for start, n, slot, scale in zip(starts, lens, slots, scales, strict=True):
