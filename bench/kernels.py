@@ -51,6 +51,9 @@ SHAPES = {
     "proj": (4096, (4096,)),
     "qkv": (4096, (4096, 4096, 4096)),
     "gate_up": (4096, (11008, 11008)),
+    # Qwen2-VL-7B's attention projections (28 q heads, 4 kv heads of 128).
+    "q2_qkv": (3584, (3584, 512, 512)),
+    "q2_o": (3584, (3584,)),
 }
 DECODE = [(n, 1) for n in (1, 8, 32, 128)]  # (requests, tokens per request)
 PREFILL = [(4, 256), (4, 1024), (1, 8192)]

@@ -130,6 +130,10 @@ class ATMMLoRABackend(BaseLoRABackend):
     ):
         if use_prefill_cuda_graph:
             raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
+        with torch.profiler.record_function("vlora.prepare_lora_batch"):
+            self._prepare(forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph)
+
+    def _prepare(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph: bool) -> None:
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
         starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
         merged_slot = None

@@ -1,0 +1,306 @@
+"""Where a LoRA server's time goes: SGLang's torch profiler around fixed batches, per system.
+
+    python bench/profile_server.py --out DIR [--systems nolora csgmv atmm] [--scenarios ...]
+
+Starts one server per system on a Qwen2-VL-7B-shaped model (``--load-format dummy``) with
+four rank-64 q/k/v/o adapters, all servers at once on the one GPU (start-up is mostly
+imports), then profiles them one at a time, so no two servers compute together. Each
+scenario is one profiled window (``/start_profile`` .. ``/stop_profile``) around a fixed
+batch:
+
+* ``prefill1``: one request of 1024 prompt tokens, one adapter, one output token;
+* ``prefill4``: four requests of 256 tokens, four adapters, in one prefill forward;
+* ``decode8`` / ``decode32``: 8 / 32 requests of 16 tokens, four adapters round robin,
+  64 output tokens; only the decode steps are analysed (CUDA-graph replays).
+
+The trace of each window is summarised (:func:`summarise`): GPU time per kernel category
+(base GEMMs, LoRA kernels, attention, copies, other), the GPU's idle time inside the
+window, the host calls that wait for the GPU (synchronisations, blocking copies), and per
+decode step the replay span and the gap to the next step. Writes ``DIR/profile.json`` and
+prints a table; the raw traces stay in ``DIR/traces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import e2e_assets  # noqa: E402
+
+RANK = 64
+N_ADAPTERS = 4
+SYSTEMS = {
+    "nolora": [],
+    "csgmv": ["--lora-backend", "csgmv"],
+    "triton": ["--lora-backend", "triton"],
+    "atmm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
+    "vlora": ["--plugin", "vlora"],
+}
+GPU_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mm-attention-backend", "sdpa"]
+SCENARIOS = {
+    # name: (requests, prompt tokens each, output tokens, adapters used)
+    "prefill1": (1, 1024, 1, 1),
+    "prefill4": (4, 256, 1, 4),
+    "decode8": (8, 16, 64, 4),
+    "decode32": (32, 16, 64, 4),
+}
+CATEGORIES = (
+    ("lora", re.compile(r"lora|shrink|expand|sgmv|atmm", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere_|hopper", re.I)),
+    ("attention", re.compile(r"attn|attention|flash|_fwd_kernel|_fwd_grouped|decode_|extend", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy", re.I)),
+)
+SYNC_CALLS = re.compile(r"cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy(?!Async)")
+
+
+def category(name: str) -> str:
+    for label, pattern in CATEGORIES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+# ------------------------------------------------------------------------- servers
+def entry_point_dir(root: Path) -> Path:
+    """A dist-info that declares the plugin's entry point (source on PYTHONPATH only)."""
+    info = root / "sglang_vlora-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-vlora\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nvlora = sglang_vlora.plugin:register\n")
+    return root
+
+
+def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, log: Path,
+                 mem_fraction: float, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "dummy",
+           "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", str(mem_fraction),
+           "--cuda-graph-max-bs", "32", "--max-running-requests", "64", *GPU_FLAGS]
+    if name != "nolora":
+        cmd += ["--lora-paths", *[f"{n}={p}" for n, p in adapters.items()],
+                "--max-lora-rank", str(RANK), "--max-loras-per-batch", str(N_ADAPTERS)]
+    cmd += SYSTEMS[name] + extra
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(entry_point_dir(log.parent / "ep")),
+                                         env.get("PYTHONPATH", "")])
+    env.setdefault("SGLANG_PROFILE_WITH_STACK", "false")
+    env.setdefault("SGLANG_PROFILE_RECORD_SHAPES", "false")
+    with open(log, "w") as out:
+        out.write("$ " + shlex.join(cmd) + "\n")
+        out.flush()
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server {url} exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"server {url} not healthy after {timeout_s} s")
+
+
+# ------------------------------------------------------------------------- requests
+def batch_payload(n: int, prompt: int, output: int, adapters: int, names: list[str] | None,
+                  rng: random.Random) -> dict:
+    ids = [[rng.randrange(1000, 20000) for _ in range(prompt)] for _ in range(n)]
+    payload = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": output, "min_new_tokens": output, "temperature": 0.0},
+    }
+    if names:
+        payload["lora_path"] = [names[i % adapters] for i in range(n)]
+    return payload
+
+
+def run_batch(url: str, payload: dict) -> float:
+    started = time.perf_counter()
+    r = httpx.post(url + "/generate", json=payload, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - started
+
+
+def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
+                     rng: random.Random) -> tuple[Path, float]:
+    n, prompt, output, adapters = SCENARIOS[scenario]
+    payload = batch_payload(n, prompt, output, adapters, names, rng)
+    prefix = f"{scenario}-{int(time.time() * 1000)}"
+    before = set(trace_dir.glob("*"))
+    body = {"output_dir": str(trace_dir), "activities": ["CPU", "GPU"], "with_stack": False,
+            "record_shapes": False, "profile_prefix": prefix}
+    httpx.post(url + "/start_profile", json=body, timeout=60).raise_for_status()
+    seconds = run_batch(url, payload)
+    httpx.post(url + "/stop_profile", timeout=300).raise_for_status()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        new = [p for p in set(trace_dir.glob("*")) - before if prefix in p.name and p.stat().st_size > 0]
+        if new:
+            time.sleep(1.0)  # let the writer finish
+            return sorted(new)[0], seconds
+        time.sleep(0.5)
+    raise RuntimeError(f"no trace for {scenario} in {trace_dir}")
+
+
+# ------------------------------------------------------------------------- analysis
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def summarise(events: list[dict], decode: bool) -> dict:
+    """Times in microseconds. Decode windows are reduced to the CUDA-graph replays' kernels."""
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    graph_corr = {e["args"].get("correlation") for e in runtime if e["name"] == "cudaGraphLaunch"}
+    in_graphs = [k for k in kernels if k.get("args", {}).get("correlation") in graph_corr]
+    graph_matched = bool(in_graphs)
+    if decode and graph_matched:
+        kernels = in_graphs
+    if not kernels:
+        return {"kernels": 0}
+    by_corr: dict[int, list[dict]] = defaultdict(list)
+    for k in kernels:
+        by_corr[k["args"].get("correlation")].append(k)
+    steps = sorted(by_corr.values(), key=lambda ks: min(k["ts"] for k in ks))
+    if not (decode and graph_matched):
+        steps = [kernels]
+    per_cat: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    names: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        cat = category(k["name"]) if k.get("cat") == "kernel" else "copy"
+        per_cat[cat] += k["dur"]
+        counts[cat] += 1
+        names[k["name"][:90]] += k["dur"]
+    spans = [(min(k["ts"] for k in ks), max(k["ts"] + k["dur"] for k in ks)) for ks in steps]
+    busy = [union_us([(k["ts"], k["ts"] + k["dur"]) for k in ks]) for ks in steps]
+    periods = [b[0] - a[0] for a, b in zip(spans, spans[1:], strict=False)]
+    window = (spans[0][0], spans[-1][1])
+    syncs = [e for e in runtime if SYNC_CALLS.search(e["name"]) and window[0] <= e["ts"] <= window[1]]
+    vlora = defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("vlora."):
+            if window[0] - 50_000 <= e["ts"] <= window[1]:
+                vlora[e["name"]] += e["dur"]
+    n = len(steps)
+    return {
+        "steps": n,
+        "graph_replays_matched": graph_matched,
+        "kernels_per_step": len(kernels) / n,
+        "gpu_us_per_step": {c: per_cat[c] / n for c in sorted(per_cat)},
+        "kernels_per_step_by_category": {c: counts[c] / n for c in sorted(counts)},
+        "span_us_per_step": sum(b - a for a, b in spans) / n,
+        "busy_us_per_step": sum(busy) / n,
+        "period_us": (sum(periods) / len(periods)) if periods else None,
+        "sync_calls_per_step": len(syncs) / n,
+        "sync_call_names": sorted({e["name"] for e in syncs}),
+        "vlora_host_us_per_step": {k: v / n for k, v in vlora.items()},
+        "top_kernels_us_per_step": dict(sorted(((k, v / n) for k, v in names.items()), key=lambda kv: -kv[1])[:12]),
+    }
+
+
+# ------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--repeats", type=int, default=2, help="profiled windows per scenario (the last is kept)")
+    ap.add_argument("--mem-fraction", type=float, default=0.0, help="per server; default: 0.8 / systems")
+    ap.add_argument("--extra", default="", help="extra server flags for every system")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="vlora_profile_"))
+    tiny = e2e_assets.tiny_model(work / "tiny")
+    model = e2e_assets.qwen2vl_7b_model(work / "qwen2vl7b", tiny)
+    adapters = e2e_assets.adapter_pool(model, work / "adapters", N_ADAPTERS, [RANK], heads=False,
+                                       dtype=__import__("torch").bfloat16)
+    names = list(adapters)
+    fraction = args.mem_fraction or round(0.8 / len(args.systems), 3)
+    servers = {}
+    for i, name in enumerate(args.systems):
+        port = 31000 + i
+        log = args.out / f"server_{name}.log"
+        servers[name] = (f"http://127.0.0.1:{port}",
+                         start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra)))
+    results: dict = {"systems": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
+                                                              strict=True)) for k, v in SCENARIOS.items()}}
+    try:
+        for url, process in servers.values():
+            wait_healthy(url, process, 900)
+        for name, (url, _) in servers.items():
+            rng = random.Random(0)
+            lora_names = None if name == "nolora" else names
+            for scenario in args.scenarios:  # warm-up: Triton JIT, graph replays, tile look-ups
+                n, prompt, output, adapters_used = SCENARIOS[scenario]
+                run_batch(url, batch_payload(n, prompt, min(output, 8), adapters_used, lora_names, rng))
+            trace_dir = args.out / "traces" / name
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            results["systems"][name] = {}
+            for scenario in args.scenarios:
+                for _ in range(args.repeats):
+                    trace, seconds = profile_scenario(url, scenario, lora_names, trace_dir, rng)
+                summary = summarise(load_events(trace), decode=scenario.startswith("decode"))
+                summary["request_s"] = seconds
+                summary["trace"] = str(trace.relative_to(args.out))
+                results["systems"][name][scenario] = summary
+                print(name, scenario, json.dumps(summary)[:400], flush=True)
+    finally:
+        for _, process in servers.values():
+            try:
+                os.killpg(process.pid, 15)
+            except ProcessLookupError:
+                pass
+    (args.out / "profile.json").write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    cats = ("gemm", "lora", "attention", "copy", "other")
+    print(f"{'system':8} {'scenario':9} {'steps':>5} " + " ".join(f"{c:>9}" for c in cats)
+          + f" {'busy':>9} {'span':>9} {'period':>9} {'syncs':>6}")
+    for system, scenarios in results["systems"].items():
+        for scenario, s in scenarios.items():
+            if not s.get("steps"):
+                continue
+            g = s["gpu_us_per_step"]
+            period = s["period_us"] or 0.0
+            print(f"{system:8} {scenario:9} {s['steps']:5d} " + " ".join(f"{g.get(c, 0.0):9.1f}" for c in cats)
+                  + f" {s['busy_us_per_step']:9.1f} {s['span_us_per_step']:9.1f} {period:9.1f}"
+                  + f" {s['sync_calls_per_step']:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
