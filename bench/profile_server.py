@@ -90,7 +90,7 @@ def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, l
                  mem_fraction: float, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "dummy",
            "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", str(mem_fraction),
-           "--cuda-graph-max-bs", "32", "--max-running-requests", "64", *GPU_FLAGS]
+           "--cuda-graph-max-bs-decode", "32", "--max-running-requests", "64", *GPU_FLAGS]
     if name != "nolora":
         cmd += ["--lora-paths", *[f"{n}={p}" for n, p in adapters.items()],
                 "--max-lora-rank", str(RANK), "--max-loras-per-batch", str(N_ADAPTERS)]
