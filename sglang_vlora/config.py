@@ -41,6 +41,9 @@ class VLoRAConfig:
     max_batch: int | None = None
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
+    # Largest image a request may send, in pixels (width x height), checked from the image's
+    # header before it is decoded. 32 Mi pixels: an 8192 x 4096 image.
+    max_image_pixels: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.atmm_impl not in ATMM_IMPLS:
@@ -53,6 +56,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-theta must be a finite number of seconds >= 0, got {self.theta}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
+        if self.max_image_pixels < 1:
+            raise ValueError(f"--vlora-max-image-pixels must be >= 1, got {self.max_image_pixels}")
         if self.cost_model is not None and not os.path.isfile(self.cost_model):
             raise ValueError(f"--vlora-cost-model: no such file {self.cost_model!r}")
 
@@ -81,6 +86,7 @@ class VLoRAConfig:
             theta=args.vlora_theta,
             max_batch=args.vlora_max_batch,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
+            max_image_pixels=args.vlora_max_image_pixels,
         )
 
 
@@ -139,4 +145,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="Cost model file (schema sglang-vlora/cost-model/v1) with measured token latencies "
         "and switch times; default: measured while serving.",
+    )
+    group.add_argument(
+        "--vlora-max-image-pixels",
+        type=int,
+        default=defaults.max_image_pixels,
+        metavar="N",
+        help="Largest image a request may send, in pixels (width x height); larger ones get a 400 "
+        "before they are decoded.",
     )

@@ -92,13 +92,58 @@ ARG_HOOKS = [
 ]
 
 async def validate_requests_around(original, self, obj) -> None:
-    """AROUND ``TokenizerManager._validate_and_resolve_lora`` (launcher): SGLang's checks,
-    then the task-head fields, then the application / SLO fields."""
+    """AROUND ``TokenizerManager._validate_and_resolve_lora`` (launcher, every generate
+    request): our checks first (input SGLang cannot serve, task-head and application / SLO
+    fields), so a refused request holds no adapter reference; then SGLang's."""
+    from sglang_vlora import guard_hooks
     from sglang_vlora.heads import head_hooks
     from sglang_vlora.orchestrator import scheduler_hooks
 
-    await head_hooks.validate_head_requests_around(original, self, obj)
+    guard_hooks.check_request(self, obj)
+    head_hooks.check_head_requests(self, obj)
     scheduler_hooks.validate_application_and_slo(obj)
+    await original(self, obj)
+
+
+def _guard_hooks() -> list[Hook]:
+    from sglang_vlora import guard_hooks
+
+    common = "sglang.srt.utils.common"
+    lora_manager = "sglang.srt.lora.lora_manager.LoRAManager"
+    return [
+        Hook(
+            f"{common}._load_image",
+            HookType.AROUND,
+            guard_hooks.load_image_around,
+            "Pillow's decompression-bomb error on an image's header reached the client as a 500: a 400",
+        ),
+        Hook(
+            f"{common}._fully_load_pil_image",
+            HookType.AROUND,
+            guard_hooks.image_size_around,
+            "refuse (400) an image above --vlora-max-image-pixels before its pixels are decoded",
+        ),
+        Hook(
+            "sglang.srt.utils.auth.decide_request_auth",
+            HookType.AROUND,
+            guard_hooks.decide_auth_around,
+            "SGLang's auth levels have no 'any configured key' level: /vlora/status reads with either key",
+        ),
+        Hook(
+            f"{lora_manager}._load_lora_adapter",
+            HookType.AROUND,
+            guard_hooks.check_adapter_load_around,
+            "SGLang loads an adapter whose tensors do not fit the model (or hold NaN) and crashes on "
+            "the first request that uses it: check the package first, a failed load says why",
+        ),
+        Hook(
+            f"{lora_manager}.init_lora_shapes",
+            HookType.AROUND,
+            guard_hooks.served_targets_around,
+            "--lora-target-modules all adds embed_tokens and lm_head, which atmm does not serve: "
+            "serve the linear modules and say so instead of stopping at start",
+        ),
+    ]
 
 
 def _head_hooks() -> list[Hook]:
@@ -110,8 +155,9 @@ def _head_hooks() -> list[Hook]:
             "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_and_resolve_lora",
             HookType.AROUND,
             validate_requests_around,
-            "refuse head requests whose adapter has no such head and malformed application / SLO "
-            "fields (400), finish head requests after prefill",
+            "refuse (400) input SGLang's scheduler would crash on (empty prompt, ids outside the "
+            "vocabulary), head requests whose adapter has no such head and malformed application / "
+            "SLO fields; finish head requests after prefill",
         ),
         Hook(
             f"{lora_manager}.validate_new_adapter",
@@ -143,6 +189,13 @@ def _head_hooks() -> list[Hook]:
             HookType.AROUND,
             head_hooks.logits_forward_around,
             "answer head requests from the last prompt token's final hidden state, in the same forward",
+        ),
+        Hook(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
+            HookType.AROUND,
+            head_hooks.skip_empty_answers_around,
+            "SGLang pads customized_info with nulls for every request of a batch that held a head "
+            "request: only head requests get meta_info.vlora_head",
         ),
         Hook(
             "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._decode_response",
@@ -189,6 +242,13 @@ def _mode_hooks() -> list[Hook]:
             "refuse (400) to unload the merged adapter before SGLang forgets its name",
         ),
         Hook(
+            "sglang.srt.managers.scheduler.Scheduler.__init__",
+            HookType.AFTER,
+            mode_hooks.bind_scheduler_after,
+            "a merge may take a pool slot only if running requests do not hold them all: the "
+            "controller reads the scheduler's running requests",
+        ),
+        Hook(
             "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request",
             HookType.AROUND,
             mode_hooks.rpc_around,
@@ -230,7 +290,7 @@ def _orchestrator_hooks() -> list[Hook]:
     ]
 
 
-ACTIVE_HOOKS: list[Hook] = _head_hooks() + _mode_hooks() + _orchestrator_hooks()
+ACTIVE_HOOKS: list[Hook] = _head_hooks() + _guard_hooks() + _mode_hooks() + _orchestrator_hooks()
 
 
 # ------------------------------------------------------------------- machinery

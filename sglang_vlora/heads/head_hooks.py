@@ -40,8 +40,14 @@ _heads_by_lora_id: dict[str, dict[str, TaskHead]] = {}
 
 
 def requested_task(custom_params: dict | None) -> str | None:
-    """``None``: no head asked for; ``""``: the adapter's only head; else a task name."""
-    value = (custom_params or {}).get(HEAD_PARAM)
+    """``None``: no head asked for; ``""``: the adapter's only head; else a task name.
+
+    Raises ``ValueError`` for a malformed field (the launcher answers 400 with it)."""
+    if custom_params is None:
+        return None
+    if not isinstance(custom_params, dict):
+        raise ValueError(f"custom_params must be an object such as {{\"{HEAD_PARAM}\": true}}, got {type(custom_params).__name__}")
+    value = custom_params.get(HEAD_PARAM)
     if value is None or value is False:
         return None
     if value is True:
@@ -49,6 +55,15 @@ def requested_task(custom_params: dict | None) -> str | None:
     if isinstance(value, str) and value:
         return value
     raise ValueError(f"custom_params.{HEAD_PARAM} must be true or a task name, got {value!r}")
+
+
+def _scheduler_task(custom_params) -> str | None:
+    """:func:`requested_task` in the scheduler, where a raise would stop the server: the
+    launcher refused malformed fields already, so one here asks for no head."""
+    try:
+        return requested_task(custom_params)
+    except ValueError:
+        return None
 
 
 def choose_head(heads: dict[str, TaskHead], task: str, adapter: str) -> TaskHead:
@@ -78,11 +93,10 @@ def _per_request(obj) -> list[tuple[dict, str | None]]:
     return list(zip(param_list, adapters, strict=False))
 
 
-async def validate_head_requests_around(original, self, obj) -> None:
-    """AROUND ``TokenizerManager._validate_and_resolve_lora``: refuse head requests
-    whose adapter has no such head (a 400 with the reason) and make the valid ones
-    finish after prefill."""
-    await original(self, obj)
+def check_head_requests(tokenizer_manager, obj) -> None:
+    """Launcher, before SGLang resolves the adapters: refuse head requests whose adapter has
+    no such head (``ValueError``: a 400 with the reason) and make the valid ones finish after
+    prefill. An adapter SGLang does not know is left to SGLang's own error."""
     for params, adapter in _per_request(obj):
         if not isinstance(params, dict):
             continue
@@ -91,8 +105,10 @@ async def validate_head_requests_around(original, self, obj) -> None:
             continue
         if not adapter:
             raise ValueError(f"custom_params.{HEAD_PARAM} needs an adapter (lora_path): heads belong to adapters")
-        ref = self.lora_registry._registry.get(adapter)
-        config = read_head_config(ref.lora_path) if ref is not None else None
+        ref = tokenizer_manager.lora_registry._registry.get(adapter) or tokenizer_manager.lora_ref_cache.get(adapter)
+        if ref is None:
+            continue
+        config = read_head_config(ref.lora_path)
         tasks = {entry["task"]: entry for entry in (config or {}).get("heads", [])}
         choose_head(tasks, task, adapter)  # raises with the reason
         params["max_new_tokens"] = 1
@@ -154,7 +170,7 @@ def mark_head_requests_after_init(result, cls, batch, *args, **kwargs):
     batch's ``sampling_info``, which the runner's copies of the forward batch share."""
     tasks = None
     if result.forward_mode.is_extend():
-        asked = [requested_task(req.sampling_params.custom_params) for req in batch.reqs]
+        asked = [_scheduler_task(req.sampling_params.custom_params) for req in batch.reqs]
         if any(t is not None for t in asked):
             tasks = asked
     if result.sampling_info is not None:
@@ -184,6 +200,21 @@ def logits_forward_around(original, self, input_ids, hidden_states, lm_head, log
             answers.append({"error": str(exc)})
     output.customized_info = {**(output.customized_info or {}), RESULT_KEY: answers}
     return output
+
+
+def skip_empty_answers_around(original, self, meta_info, state, customized_info, index, *args, **kwargs):
+    """AROUND ``TokenizerManager.update_request_meta_info`` (launcher): SGLang pads
+    ``customized_info`` with one null per token for every request of a batch in which one
+    request has an entry, so ordinary requests got ``vlora_head: [null, ...]``. A request
+    keeps the field only once it has an answer."""
+    values = customized_info.get(RESULT_KEY)
+    if (
+        values is not None
+        and RESULT_KEY not in state.customized_info_accumulated
+        and all(answer is None for answer in values[index])
+    ):
+        customized_info = {key: v for key, v in customized_info.items() if key != RESULT_KEY}
+    return original(self, meta_info, state, customized_info, index, *args, **kwargs)
 
 
 # --------------------------------------------------------------- OpenAI layer

@@ -25,7 +25,9 @@ updates the stacks in place, so the graphs stay valid across switches.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -42,9 +44,20 @@ from sglang_vlora.modes.switcher import (
     stack_in_place,
 )
 
+logger = logging.getLogger(__name__)
+
 MODES = ("merge", "mixture", "unmerge")
 RPC_MODE = "vlora_mode"
 RPC_STATUS = "vlora_status"
+# POST /vlora/mode may wait this long for a pool slot ("wait_s").
+MAX_WAIT_S = 60.0
+
+
+class SlotBusyError(ValueError):
+    """Merging an adapter that is not in the LoRA pool needs a slot, and every slot is held
+    by requests that are running. A ``ValueError``: the orchestrator's "could not switch"."""
+
+    status_code = 409
 
 
 class ModeController:
@@ -59,6 +72,9 @@ class ModeController:
         self.last_switch_ms: float | None = None
         self._slices: dict[str, list[int]] = {}
         self.stacks: dict[str, torch.Tensor] = {}
+        # The scheduler that owns this controller (bound after it is built): its running
+        # requests hold pool slots that a merge must not take.
+        self.scheduler = None
 
     # ------------------------------------------------------------------ weights
     def _modules(self) -> dict[str, list]:
@@ -148,13 +164,53 @@ class ModeController:
         started = time.perf_counter()
         if uid is not None:
             if uid not in self.lora_manager.memory_pool.uid_to_buffer_id:
-                self.lora_manager.fetch_new_loras({uid})
+                running = self._claim_slot(uid, adapter)
+                self.lora_manager.fetch_new_loras({uid}, running_loras=running)
             if uid not in self.switcher.adapters:
                 self._register(uid)
         self.switcher.switch(uid)
         self.last_switch_ms = (time.perf_counter() - started) * 1e3
         self.mode, self.merged_name, self.merged_uid = mode, adapter, uid
         return self.status()
+
+    def busy_uids(self) -> set[str | None]:
+        """Adapters (None: the base) of the requests that hold KV and run in the next
+        forwards: the running batch, the prefill batch that just ran (SGLang merges it into
+        the running batch next) and a chunked request."""
+        sched = self.scheduler
+        if sched is None:
+            return set()
+        reqs = list(sched.running_batch.reqs)
+        last = sched.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            reqs.extend(last.reqs)
+        if sched.chunked_req is not None:
+            reqs.append(sched.chunked_req)
+        return {req.lora_id for req in reqs if not req.finished()}
+
+    def _claim_slot(self, uid: str, name: str) -> set[str | None]:
+        """Check that ``uid`` can enter the pool without evicting an adapter that running
+        requests (or the merged adapter, or a pinned one) hold; raise :class:`SlotBusyError`
+        saying why if not. Returns the running adapters (kept resident by the fetch)."""
+        manager = self.lora_manager
+        pool = manager.memory_pool
+        running = self.busy_uids()
+        pinned = {u for u in pool.uid_to_buffer_id if u is not None and getattr(manager.lora_refs.get(u), "pinned", False)}
+        needed = running | pinned | {uid} | ({self.merged_uid} if self.merged_uid is not None else set())
+        slots = int(pool.max_loras_per_batch)
+        if len(needed) > slots:
+            names = sorted("base" if u is None else self._name(u) for u in running | pinned)
+            raise SlotBusyError(
+                f"merging {name!r} needs a LoRA pool slot, and all {slots} slots (--max-loras-per-batch) "
+                f"are held by running requests and the merged or pinned adapters ({', '.join(names)}); "
+                "retry when some finish (POST /vlora/mode accepts \"wait_s\" to wait for a slot), or "
+                "start the server with a larger --max-loras-per-batch"
+            )
+        return running
+
+    def _name(self, uid: str) -> str:
+        ref = self.lora_manager.lora_refs.get(uid)
+        return ref.lora_name if ref is not None else uid
 
     def forget(self, uid: str) -> None:
         """An adapter was unloaded: drop its factors (refused while it is merged)."""
@@ -250,8 +306,22 @@ def unload_around(original, self, lora_ref, *args, **kwargs):
     return original(self, lora_ref, *args, **kwargs)
 
 
+def bind_scheduler_after(result, self, *args, **kwargs):
+    """AFTER ``Scheduler.__init__``: the controller (built inside, with the LoRA manager)
+    learns its scheduler, whose running requests decide whether a merge may take a slot."""
+    ctl = _controller
+    if ctl is not None and getattr(self, "enable_lora", False):
+        ctl.scheduler = self
+    return result
+
+
+def _failure(message: str, status: int) -> str:
+    return json.dumps({"error": message, "status": status})
+
+
 def rpc_around(original, self, recv_req):
-    """AROUND ``Scheduler.handle_rpc_request``: our two methods answer with JSON."""
+    """AROUND ``Scheduler.handle_rpc_request``: our two methods answer with JSON. Nothing a
+    control call does may stop the scheduler: every error becomes the call's answer."""
     if recv_req.method not in (RPC_MODE, RPC_STATUS):
         return original(self, recv_req)
     from sglang.srt.managers.io_struct import RpcReqOutput
@@ -260,6 +330,8 @@ def rpc_around(original, self, recv_req):
     try:
         if ctl is None:
             raise ValueError("LoRA is not enabled on this server")
+        if ctl.scheduler is None:
+            ctl.scheduler = self
         from sglang_vlora.orchestrator import scheduler_hooks
 
         orch = scheduler_hooks.orchestrator()
@@ -275,7 +347,10 @@ def rpc_around(original, self, recv_req):
             body = ctl.apply(params.get("mode"), params.get("adapter"))
         return RpcReqOutput(success=True, message=json.dumps(body))
     except (ValueError, KeyError) as exc:
-        return RpcReqOutput(success=False, message=str(exc))
+        return RpcReqOutput(success=False, message=_failure(str(exc), getattr(exc, "status_code", 400)))
+    except Exception as exc:  # a bug must not take the running requests with it
+        logger.exception("sglang-vlora: %s failed", recv_req.method)
+        return RpcReqOutput(success=False, message=_failure(f"{type(exc).__name__}: {exc}", 500))
 
 
 # ------------------------------------------------------------------ launcher hooks
@@ -335,8 +410,6 @@ def launch_subprocesses_after(result, cls, *args, **kwargs):
 async def refuse_unloading_merged_around(original, self, obj):
     """AROUND ``TokenizerControlMixin._unload_lora_adapter_locked`` (launcher): refuse,
     before SGLang forgets the name, to unload the adapter merged into the weights."""
-    import asyncio
-
     if _rpc is not None:
         try:
             ok, message = await asyncio.to_thread(_rpc.call, RPC_STATUS, None)
@@ -347,34 +420,60 @@ async def refuse_unloading_merged_around(original, self, obj):
     return await original(self, obj)
 
 
-def add_routes(rpc: SchedulerRPC) -> None:
-    import asyncio
+def _mode_body(body: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The RPC parameters and the wait of a POST /vlora/mode body, or an error message."""
+    usage = 'the body must be {"mode": "merge"|"mixture"|"unmerge", "adapter": name or null, "wait_s": seconds}'
+    if not isinstance(body, dict):
+        return None, usage
+    unknown = sorted(set(body) - {"mode", "adapter", "wait_s"})
+    if unknown:
+        return None, f"unknown field(s) {unknown}: {usage}"
+    mode, adapter, wait = body.get("mode"), body.get("adapter"), body.get("wait_s", 0)
+    if not isinstance(mode, str) or (adapter is not None and not isinstance(adapter, str)):
+        return None, "mode must be a string and adapter a string or null"
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT_S:
+        return None, f"wait_s must be a number of seconds in [0, {MAX_WAIT_S:g}], got {wait!r}"
+    return {"mode": mode, "adapter": adapter, "wait_s": float(wait)}, None
 
-    from sglang.srt.entrypoints.http_server import app
 
-    async def call(method: str, parameters: dict | None) -> JSONResponse:
+async def _call(rpc: SchedulerRPC, method: str, parameters: dict | None, wait_s: float = 0.0) -> JSONResponse:
+    """One RPC as an HTTP answer; a 409 (no pool slot) is retried until ``wait_s`` passes."""
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
             ok, message = await asyncio.to_thread(rpc.call, method, parameters)
         except TimeoutError as exc:
             return JSONResponse({"error": str(exc)}, status_code=504)
-        if not ok:
-            return JSONResponse({"error": message}, status_code=400)
-        return JSONResponse(json.loads(message))
+        if ok:
+            return JSONResponse(json.loads(message))
+        failure = json.loads(message)
+        if failure["status"] != SlotBusyError.status_code or time.monotonic() >= deadline:
+            return JSONResponse({"error": failure["error"]}, status_code=failure["status"])
+        await asyncio.sleep(0.05)
 
+
+def add_routes(rpc: SchedulerRPC) -> None:
+    """``POST /vlora/mode`` carries SGLang's ``ADMIN_OPTIONAL`` auth level, like its own
+    ``/load_lora_adapter``: with ``--admin-api-key`` only that key, with only ``--api-key``
+    that key, with none open. ``GET /vlora/status`` reads with any configured key (see
+    :func:`sglang_vlora.guard_hooks.decide_auth_around`)."""
+    from sglang.srt.entrypoints.http_server import app
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def set_mode(request: Request) -> JSONResponse:
         try:
             body = await request.json()
         except ValueError:
             return JSONResponse({"error": "the body must be JSON"}, status_code=400)
-        if not isinstance(body, dict):
-            return JSONResponse({"error": 'the body must be {"mode": ..., "adapter": ...}'}, status_code=400)
-        mode, adapter = body.get("mode"), body.get("adapter")
-        if not isinstance(mode, str) or (adapter is not None and not isinstance(adapter, str)):
-            return JSONResponse({"error": "mode must be a string and adapter a string or null"}, status_code=400)
-        return await call(RPC_MODE, {"mode": mode, "adapter": adapter})
+        params, error = _mode_body(body)
+        if error is not None:
+            return JSONResponse({"error": error}, status_code=400)
+        wait = params.pop("wait_s")
+        return await _call(rpc, RPC_MODE, params, wait)
 
     async def get_status() -> JSONResponse:
-        return await call(RPC_STATUS, None)
+        return await _call(rpc, RPC_STATUS, None)
 
     app.add_api_route("/vlora/mode", set_mode, methods=["POST"])
     app.add_api_route("/vlora/status", get_status, methods=["GET"])

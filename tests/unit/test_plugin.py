@@ -72,6 +72,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
         "policy": "vlora", "theta": 1.0, "max_batch": None, "cost_model": None,
+        "max_image_pixels": 32 * 1024 * 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -130,6 +131,7 @@ def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
         ({"theta": float("nan")}, "--vlora-theta must be"),
         ({"max_batch": 0}, "--vlora-max-batch must be"),
         ({"cost_model": "no/such/costs.json"}, "no such file"),
+        ({"max_image_pixels": 0}, "--vlora-max-image-pixels must be"),
     ],
 )
 def test_bad_orchestrator_options_are_refused(options, reason):

@@ -1,0 +1,141 @@
+"""Input that must never reach SGLang's scheduler unchecked: the glue between SGLang and the
+plain checks of :mod:`sglang_vlora.request_check` and :func:`sglang_vlora.adapters.check_package`.
+Declared in :mod:`sglang_vlora.sglang_hooks`.
+
+* launcher, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
+  an object, one image placeholder per image (SGLang crashes on the first two, errors on the
+  third with a 500, and drops extra images);
+* launcher, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
+  before the image is decoded (Pillow's decompression-bomb error was a 500);
+* scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction): the
+  package check against the model (every tensor's shape, dtype, finiteness; rank; target
+  modules; heads) before SGLang reads it, so a misfit adapter fails its load with the reason
+  instead of crashing the first request that uses it;
+* launcher, auth: ``/vlora/status`` answers either configured key (SGLang's levels have no
+  "any key" level); ``/vlora/mode`` carries SGLang's ``ADMIN_OPTIONAL`` level itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+
+from sglang_vlora import request_check
+from sglang_vlora.adapters import AdapterError, ModelShapes, check_package
+from sglang_vlora.config import VLoRAConfig
+
+logger = logging.getLogger(__name__)
+
+# Routes readable with the user key or the admin key (when keys are configured).
+ANY_KEY_ROUTES = frozenset({"/vlora/status"})
+# What the atmm backend cannot serve (SGLang's "all" adds them).
+EMBEDDING_TARGETS = frozenset({"embed_tokens", "lm_head"})
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def _max_image_pixels() -> int:
+    cfg = VLoRAConfig.from_env()
+    return cfg.max_image_pixels if cfg is not None else VLoRAConfig().max_image_pixels
+
+
+# ------------------------------------------------------------------- launcher
+def check_request(tokenizer_manager, obj) -> None:
+    """Raise :class:`~sglang_vlora.request_check.RequestError` for input SGLang cannot serve.
+    ``obj`` is a normalized ``GenerateReqInput`` or ``EmbeddingReqInput``."""
+    request_check.check_custom_params(getattr(obj, "sampling_params", None))
+    is_single = bool(obj.is_single)
+    request_check.check_prompts(obj.text, obj.input_ids, is_single, int(tokenizer_manager.model_config.vocab_size))
+    tokens = getattr(getattr(tokenizer_manager, "mm_processor", None), "mm_tokens", None)
+    if tokens is not None:
+        placeholder = tokens.image_token if isinstance(tokens.image_token, str) else str(tokens.image_token)
+        request_check.check_image_tokens(
+            obj.text, getattr(obj, "image_data", None), is_single, tokens.image_token_regex, placeholder
+        )
+
+
+def load_image_around(original, *args, **kwargs):
+    """AROUND ``sglang.srt.utils.common._load_image``: Pillow refuses to open an image whose
+    header declares a decompression bomb; that is the client's error (400), not the server's."""
+    from PIL import Image
+
+    try:
+        return original(*args, **kwargs)
+    except Image.DecompressionBombError as exc:
+        raise request_check.image_too_large(_max_image_pixels()) from exc
+
+
+def image_size_around(original, image):
+    """AROUND ``sglang.srt.utils.common._fully_load_pil_image``: refuse an image above the
+    pixel limit from its header, before its pixels are decoded."""
+    request_check.check_image_size(int(image.width), int(image.height), _max_image_pixels())
+    return original(image)
+
+
+def decide_auth_around(original, *args, **kwargs):
+    """AROUND ``sglang.srt.utils.auth.decide_request_auth``: the read-only plugin routes accept
+    any configured key (SGLang's NORMAL level takes only ``--api-key``, its admin levels only
+    ``--admin-api-key``); everything else is SGLang's decision."""
+    if kwargs.get("path") not in ANY_KEY_ROUTES or kwargs.get("method") == "OPTIONS":
+        return original(*args, **kwargs)
+    from sglang.srt.utils.auth import AuthDecision
+
+    keys = [key for key in (kwargs.get("api_key"), kwargs.get("admin_api_key")) if key]
+    if not keys:
+        return AuthDecision(allowed=True)
+    scheme, _, token = (kwargs.get("authorization_header") or "").partition(" ")
+    allowed = scheme.lower() == "bearer" and any(secrets.compare_digest(token, key) for key in keys)
+    return AuthDecision(allowed=allowed)
+
+
+# ------------------------------------------------------------------ scheduler
+def _local_package(lora_path: str) -> str:
+    """The folder of an adapter: ``lora_path`` itself, or a Hugging Face repo's snapshot
+    (SGLang would fetch it next; fetching it first lets it be checked)."""
+    if os.path.isdir(lora_path) or not _HUB_ID.match(lora_path) or lora_path.startswith("."):
+        return lora_path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(lora_path)
+    except Exception as exc:  # offline, unknown repo, no access: all mean "cannot load"
+        raise AdapterError(
+            f"lora_path {lora_path!r}: not a local folder, and fetching it as a Hugging Face repo failed "
+            f"({type(exc).__name__}); give the folder holding adapter_config.json"
+        ) from exc
+
+
+def check_adapter_load_around(original, self, lora_ref, *args, **kwargs):
+    """AROUND ``LoRAManager._load_lora_adapter``: the package check before SGLang reads the
+    adapter; a failure is a failed load (a 400 with the reason; at start-up, an error)."""
+    try:
+        request_check.check_adapter_name(lora_ref.lora_name)
+        check_package(
+            _local_package(str(lora_ref.lora_path)),
+            ModelShapes.from_config(self.base_hf_config),
+            max_rank=getattr(self, "max_lora_rank", None),
+            served_modules=getattr(self, "target_modules", None) or None,
+        )
+    except ValueError as exc:
+        logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, exc)
+        return self.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {exc}")
+    return original(self, lora_ref, *args, **kwargs)
+
+
+def served_targets_around(original, self, *args, **kwargs):
+    """AROUND ``LoRAManager.init_lora_shapes``: ``--lora-target-modules all`` means, with the
+    atmm backend, every linear module it serves (SGLang's "all" adds embeddings and lm_head,
+    which atmm refuses, and the server would stop at start)."""
+    result = original(self, *args, **kwargs)
+    asked = kwargs.get("target_modules", args[1] if len(args) > 1 else None)
+    if getattr(self.lora_backend, "name", None) == "atmm" and asked and set(asked) == {"all"}:
+        dropped = sorted(self.target_modules & EMBEDDING_TARGETS)
+        self.target_modules -= EMBEDDING_TARGETS
+        if dropped:
+            logger.warning(
+                "sglang-vlora: --lora-target-modules all: the atmm backend serves LoRA on %s; "
+                "not on %s (use --lora-backend triton for adapters that train them)",
+                sorted(self.target_modules), dropped,
+            )
+    return result

@@ -1,0 +1,116 @@
+"""Checks of client input that SGLang 0.5.23 would otherwise pass to its scheduler, where it
+crashes the server (empty prompt, token ids outside the vocabulary) or silently loses data
+(more images than image tokens). Pure Python over plain values: no SGLang or torch import.
+
+Each check raises :class:`RequestError` (a ``ValueError``, which SGLang's HTTP layer answers
+with a 400) whose message names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+# Adapter names: what /load_lora_adapter and --lora-paths accept. Names are addressed in
+# requests (lora_path, the OpenAI "model:adapter" suffix) and in logs, never as paths.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+class RequestError(ValueError):
+    """Bad client input; the message names the field and how to fix it."""
+
+
+def check_adapter_name(name: Any) -> None:
+    if not isinstance(name, str) or not ADAPTER_NAME.match(name):
+        raise RequestError(
+            f"lora_name {name!r} is not a valid adapter name: use 1-128 letters, digits, '_', '-' or '.' "
+            "(not starting with '.'; no '/', ':' or spaces)"
+        )
+
+
+def _items(value: Any, is_single: bool) -> list[tuple[str, Any]]:
+    """(field suffix, value) of each request of a possibly batched field."""
+    if is_single:
+        return [("", value)]
+    return [(f"[{i}]", v) for i, v in enumerate(value)]
+
+
+def check_prompts(text: Any, input_ids: Any, is_single: bool, vocab_size: int) -> None:
+    """A non-empty prompt per request; every token id inside ``[0, vocab_size)``."""
+    if text is not None:
+        for suffix, value in _items(text, is_single):
+            if isinstance(value, str) and not value:
+                raise RequestError(f"text{suffix} is empty: send a prompt of at least one token")
+    if input_ids is None:
+        return
+    for suffix, ids in _items(input_ids, is_single):
+        if not isinstance(ids, Sequence) or isinstance(ids, str) or not ids:
+            raise RequestError(f"input_ids{suffix} must be a non-empty list of token ids")
+        for position, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                raise RequestError(
+                    f"input_ids{suffix}[{position}] = {token!r} is not a token id of this model: "
+                    f"ids are integers in [0, {vocab_size})"
+                )
+
+
+def check_custom_params(sampling_params: Any) -> None:
+    """``sampling_params.custom_params`` must be an object (the plugin's fields live in it)."""
+    entries = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+    for i, params in enumerate(entries):
+        where = f"sampling_params[{i}]" if isinstance(sampling_params, list) else "sampling_params"
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            raise RequestError(f"{where} must be an object, got {type(params).__name__}")
+        custom = params.get("custom_params")
+        if custom is not None and not isinstance(custom, dict):
+            raise RequestError(
+                f"{where}.custom_params must be an object such as {{\"vlora_head\": true}}, "
+                f"got {type(custom).__name__}"
+            )
+
+
+def _count_images(images: Any) -> int:
+    if images is None:
+        return 0
+    if isinstance(images, list):
+        return sum(_count_images(item) for item in images)
+    return 1
+
+
+def check_image_tokens(
+    text: Any, image_data: Any, is_single: bool, image_token: re.Pattern | None, placeholder: str
+) -> None:
+    """As many image placeholders in each prompt as images: SGLang drops the extra images.
+    ``image_token`` matches one placeholder of the model (``placeholder``)."""
+    if image_token is None or text is None or image_data is None:
+        return
+    texts = _items(text, is_single)
+    images = [image_data] if is_single else list(image_data) + [None] * (len(texts) - len(image_data))
+    for (suffix, prompt), request_images in zip(texts, images, strict=False):
+        if not isinstance(prompt, str):
+            continue
+        n_images, n_tokens = _count_images(request_images), len(image_token.findall(prompt))
+        if n_images != n_tokens:
+            raise RequestError(
+                f"text{suffix} has {n_tokens} image placeholder(s) {placeholder} but image_data{suffix} "
+                f"has {n_images} image(s): put one placeholder in the text per image"
+            )
+
+
+def check_image_size(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise RequestError(
+            f"image_data: an image of {width} x {height} = {width * height} pixels is above the server's "
+            f"limit of {max_pixels} pixels (--vlora-max-image-pixels): send a smaller image"
+        )
+
+
+def image_too_large(max_pixels: int) -> RequestError:
+    """For an image whose header alone trips Pillow's decompression-bomb guard."""
+    return RequestError(
+        f"image_data: the image's header declares more pixels than the server's limit of {max_pixels} "
+        "(--vlora-max-image-pixels) and than Pillow will decode: send a smaller image"
+    )
