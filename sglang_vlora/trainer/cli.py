@@ -53,6 +53,7 @@ def run_spec(spec: FusionSpec, base: Path | str, out: Path | str, progress: bool
             "prompt_text": render_prompt(learner.processor, plan.data.prompt),
             "labels": list(plan.data.labels),
             "n_train": len(plan.data.train),
+            "n_val": len(plan.data.val),
             "n_test": len(plan.data.test),
             "source": plan.data.source,
         }
@@ -81,14 +82,16 @@ def clear_output(out: Path) -> None:
 
 
 def summary(manifest: dict) -> str:
-    """A plain-text table: adapter, task, accuracy vs requirement."""
-    lines = [f"{'adapter':<20} {'task':<24} {'answer':<6} {'accuracy':>8} {'required':>8}"]
+    """A plain-text table: adapter, task, val accuracy (what fusion decided on) and test
+    accuracy (held out from every decision) vs requirement."""
+    lines = [f"{'adapter':<20} {'task':<24} {'answer':<6} {'val':>6} {'test':>6} {'required':>8}"]
     for adapter in manifest["adapters"]:
         for task in adapter["tasks"]:
             flag = "" if task["meets"] else "  BELOW"
+            flag += "" if task["test_meets"] or not task["meets"] else "  (test below)"
             lines.append(
                 f"{adapter['name']:<20} {task['task']:<24} {task.get('answer', ''):<6} "
-                f"{task['accuracy']:>8.3f} {task['required']:>8.2f}{flag}"
+                f"{task['val_accuracy']:>6.3f} {task['test_accuracy']:>6.3f} {task['required']:>8.2f}{flag}"
             )
     lines.append(
         f"{len(manifest['order'])} datasets -> {len(manifest['adapters'])} adapters "

@@ -26,10 +26,12 @@ def label_images(
     prompt: str,
     labels: Sequence[str] = (),
     task_type: str = "classification",
-    test_fraction: float = 0.25,
+    val_fraction: float = 0.2,
+    test_fraction: float = 0.2,
     seed: int = 0,
 ) -> TaskData:
-    """Run ``labeller`` over ``images`` and split the result into train / held-out test.
+    """Run ``labeller`` over ``images`` and split the result at random into train, val (read by
+    fusion's accept / rollback) and test (only reported).
 
     With ``labels`` given, an answer outside the set raises ``ValueError`` (a labeller bug
     should not silently become training data).
@@ -39,8 +41,10 @@ def label_images(
         raise ValueError(f"labeller returned {len(answers)} answers for {len(images)} images")
     order = np.random.default_rng(seed).permutation(len(images))
     n_test = max(1, int(round(test_fraction * len(images))))
+    n_val = max(1, int(round(val_fraction * len(images))))
     examples = [Example(images[i], answers[i]) for i in order]
-    return TaskData(name, prompt, task_type, examples[n_test:], examples[:n_test], tuple(labels))
+    test, val, train = examples[:n_test], examples[n_test : n_test + n_val], examples[n_test + n_val :]
+    return TaskData(name, prompt, task_type, train, val, test, tuple(labels))
 
 
 def digit_features(images: Sequence[np.ndarray]) -> np.ndarray:
@@ -62,8 +66,8 @@ def digit_features(images: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def digit_small_model(seed: int = 0) -> Labeller:
-    """A scikit-learn support-vector digit classifier trained on the raw 8x8 training scans
-    (98% on the test scans), wrapped as a labeller of rendered digit images (answers are
+    """A scikit-learn support-vector digit classifier trained on the raw 8x8 training scans,
+    wrapped as a labeller of rendered digit images (answers are
     number words)."""
     from sklearn.svm import SVC
 
@@ -77,19 +81,20 @@ def digit_small_model(seed: int = 0) -> Labeller:
 
 
 def collected_digits(
-    n_images: int = 400, seed: int = 0, size: int = 56, test_fraction: float = 0.25
+    n_images: int = 400, seed: int = 0, size: int = 56, val_fraction: float = 0.2, test_fraction: float = 0.2
 ) -> TaskData:
-    """Digit class learned from the small model: unlabeled renderings of the held-out scans,
-    labelled by :func:`digit_small_model` (usable as ``{"callable":
+    """Digit class learned from the small model: renderings of the unlabeled pool of scans
+    (no other task's split holds them), labelled by :func:`digit_small_model` (usable as ``{"callable":
     "sglang_vlora.trainer.collect:collected_digits"}`` in a spec)."""
     rng = np.random.default_rng([seed, 2])
-    images = [e.image for e in _single_digit_examples("test", n_images, rng, size, str)]
+    images = [e.image for e in _single_digit_examples("unlabeled", n_images, rng, size, str)]
     return label_images(
         images,
         digit_small_model(seed),
         name="digit-class-collected",
         prompt="Which digit is this?",
         labels=NUMBER_WORDS,
+        val_fraction=val_fraction,
         test_fraction=test_fraction,
         seed=seed,
     )

@@ -6,9 +6,13 @@
 * scikit-image's bundled sample pictures: crops of photographs (which picture) and of
   textures (which texture).
 
-Every task has a held-out test split. Digit scans are split once (every fifth scan is a
-test scan) so no test scan is seen in training by any task; picture crops for training
-and testing come from disjoint regions of each picture. Images are 56x56 or 112x112 RGB
+Every task has three disjoint splits: ``train``; ``val``, which fusion's accept / rollback
+decisions read; and ``test``, which only the final report reads (paper §4.2.1 evaluates on a
+held-out split; keeping a third one makes the reported accuracy unbiased by those decisions).
+Digit scans are split once by index (``i % 5``: 0 test, 1 val, 2 the unlabeled pool of data
+collection, 3-4 train) so no task sees another split's scans; picture crops come from disjoint
+regions of each picture (train: the left 60%; val and test: the top and bottom halves of the
+right 40%). Images are 56x56 or 112x112 RGB
 ``uint8`` arrays: 4 or 16 visual tokens for the tiny Qwen2-VL.
 """
 
@@ -39,7 +43,8 @@ class Example:
 
 @dataclass
 class TaskData:
-    """A task: one prompt, a train and a held-out test split.
+    """A task: one prompt and three disjoint splits. ``val`` drives fusion's accept /
+    rollback decisions; ``test`` is only reported.
 
     ``labels`` is the closed answer set of a classification task (needed for a head);
     ``source`` records how to rebuild the data (kept in the fusion manifest).
@@ -49,6 +54,7 @@ class TaskData:
     prompt: str
     task_type: str
     train: list[Example]
+    val: list[Example]
     test: list[Example]
     labels: tuple[str, ...] = ()
     source: dict[str, Any] = field(default_factory=dict)
@@ -56,10 +62,10 @@ class TaskData:
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
             raise ValueError(f"task {self.name!r}: task_type must be one of {TASK_TYPES}")
-        if not self.train or not self.test:
-            raise ValueError(f"task {self.name!r}: needs non-empty train and test splits")
+        if not self.train or not self.val or not self.test:
+            raise ValueError(f"task {self.name!r}: needs non-empty train, val and test splits")
         if self.labels:
-            unknown = {e.target for e in self.train + self.test} - set(self.labels)
+            unknown = {e.target for e in self.train + self.val + self.test} - set(self.labels)
             if unknown:
                 raise ValueError(f"task {self.name!r}: targets {sorted(unknown)} are not in labels")
 
@@ -93,12 +99,18 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return digits.images.astype(np.float32), digits.target.astype(np.int64)
 
 
+SCAN_SPLITS = ("train", "val", "test", "unlabeled")
+
+
 def digit_scans(split: str) -> tuple[np.ndarray, np.ndarray]:
-    """The 8x8 scans (values 0..16) and their digits; ``split`` is ``train`` or ``test``
-    (every fifth scan is a test scan)."""
+    """The 8x8 scans (values 0..16) and their digits of one split. By ``i % 5``: 0 test, 1 val,
+    2 ``unlabeled`` (the pool data collection labels with a small model, so collected tasks
+    share no image with another task's splits), 3-4 train."""
+    if split not in SCAN_SPLITS:
+        raise ValueError(f"split must be one of {SCAN_SPLITS}, got {split!r}")
     images, targets = _digits()
-    test = np.arange(len(images)) % 5 == 0
-    keep = test if split == "test" else ~test
+    fifth = np.arange(len(images)) % 5
+    keep = {"test": fifth == 0, "val": fifth == 1, "unlabeled": fifth == 2, "train": fifth >= 3}[split]
     return images[keep], targets[keep]
 
 
@@ -125,29 +137,39 @@ def _single_digit_examples(
 
 
 def _splits(
-    seed: int, n_train: int, n_test: int, make: Callable[[str, int, np.random.Generator], list[Example]]
-) -> tuple[list[Example], list[Example]]:
-    """Train and test drawn from independent streams, so ``n_train`` does not change the test set."""
+    seed: int,
+    n_train: int,
+    n_test: int,
+    n_val: int | None,
+    make: Callable[[str, int, np.random.Generator], list[Example]],
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """Train, val and test drawn from independent streams, so one split's size does not change
+    another's examples. ``n_val`` defaults to ``n_test``."""
     train = make("train", n_train, np.random.default_rng([seed, 0]))
+    val = make("val", n_test if n_val is None else n_val, np.random.default_rng([seed, 3]))
     test = make("test", n_test, np.random.default_rng([seed, 1]))
-    return train, test
+    return train, val, test
 
 
-def digit_class(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 56) -> TaskData:
+def digit_class(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 56
+) -> TaskData:
     """Which digit is this? (10 classes)."""
-    train, test = _splits(
-        seed, n_train, n_test, lambda s, n, r: _single_digit_examples(s, n, r, size, NUMBER_WORDS.__getitem__)
+    train, val, test = _splits(
+        seed, n_train, n_test, n_val, lambda s, n, r: _single_digit_examples(s, n, r, size, NUMBER_WORDS.__getitem__)
     )
-    return TaskData("digit-class", "Which digit is this?", "classification", train, test, NUMBER_WORDS)
+    return TaskData("digit-class", "Which digit is this?", "classification", train, val, test, NUMBER_WORDS)
 
 
-def digit_parity(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 56) -> TaskData:
+def digit_parity(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 56
+) -> TaskData:
     """Is the digit even or odd?"""
     labels = ("even", "odd")
-    train, test = _splits(
-        seed, n_train, n_test, lambda s, n, r: _single_digit_examples(s, n, r, size, lambda d: labels[d % 2])
+    train, val, test = _splits(
+        seed, n_train, n_test, n_val, lambda s, n, r: _single_digit_examples(s, n, r, size, lambda d: labels[d % 2])
     )
-    return TaskData("digit-parity", "Is the digit even or odd?", "classification", train, test, labels)
+    return TaskData("digit-parity", "Is the digit even or odd?", "classification", train, val, test, labels)
 
 
 def _scene(scans: np.ndarray, picks: list[int | None], size: int) -> np.ndarray:
@@ -164,7 +186,9 @@ def _scene(scans: np.ndarray, picks: list[int | None], size: int) -> np.ndarray:
     return canvas
 
 
-def digit_count(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 112) -> TaskData:
+def digit_count(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 112
+) -> TaskData:
     """How many digits are in the picture? (1-4 digits in a 2x2 scene)."""
 
     def make(split: str, count: int, rng: np.random.Generator) -> list[Example]:
@@ -177,13 +201,15 @@ def digit_count(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int 
             examples.append(Example(_scene(scans, picks, size), NUMBER_WORDS[how_many]))
         return examples
 
-    train, test = _splits(seed, n_train, n_test, make)
+    train, val, test = _splits(seed, n_train, n_test, n_val, make)
     return TaskData(
-        "digit-count", "How many digits are in the picture?", "classification", train, test, NUMBER_WORDS[1:5]
+        "digit-count", "How many digits are in the picture?", "classification", train, val, test, NUMBER_WORDS[1:5]
     )
 
 
-def seven_quadrant(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 112) -> TaskData:
+def seven_quadrant(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 112
+) -> TaskData:
     """Which quadrant holds the 7? (four digits, exactly one of them a 7)."""
 
     def make(split: str, count: int, rng: np.random.Generator) -> list[Example]:
@@ -197,13 +223,15 @@ def seven_quadrant(n_train: int = 300, n_test: int = 100, seed: int = 0, size: i
             examples.append(Example(_scene(scans, picks, size), QUADRANTS[quadrant]))
         return examples
 
-    train, test = _splits(seed, n_train, n_test, make)
+    train, val, test = _splits(seed, n_train, n_test, n_val, make)
     return TaskData(
-        "seven-quadrant", "Which quadrant holds the seven?", "classification", train, test, QUADRANTS
+        "seven-quadrant", "Which quadrant holds the seven?", "classification", train, val, test, QUADRANTS
     )
 
 
-def seven_box(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 112) -> TaskData:
+def seven_box(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 112
+) -> TaskData:
     """Where is the 7? A detection task: answer ``<ref>the seven</ref><box>(x1,y1),(x2,y2)</box>``
     in Qwen2-VL's 0-1000 coordinates (paper App. C)."""
 
@@ -224,8 +252,8 @@ def seven_box(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 
             examples.append(Example(canvas, target))
         return examples
 
-    train, test = _splits(seed, n_train, n_test, make)
-    return TaskData("seven-box", "Find the seven and give its box.", "detection", train, test)
+    train, val, test = _splits(seed, n_train, n_test, n_val, make)
+    return TaskData("seven-box", "Find the seven and give its box.", "detection", train, val, test)
 
 
 # ---------------------------------------------------------------- scikit-image pictures
@@ -252,7 +280,8 @@ def _crops(
     pictures: Mapping[str, str], split: str, count: int, rng: np.random.Generator, size: int, scale: float
 ) -> list[Example]:
     """Random square crops (side ``scale`` x the picture's short side) resized to ``size``;
-    train crops lie in the left 60% of each picture, test crops in the right 40%."""
+    train crops lie in the left 60% of each picture, val and test crops in the top and bottom
+    halves of the right 40%."""
     labels = sorted(pictures)
     examples = []
     for _ in range(count):
@@ -261,32 +290,38 @@ def _crops(
         height, width = picture.shape[:2]
         side = int(scale * min(height, width))
         lo, hi = (0, int(0.6 * width) - side) if split == "train" else (int(0.6 * width), width - side)
-        if hi < lo:
-            raise ValueError(f"picture {label!r} is too narrow for crops of scale {scale}")
+        rows = {"train": (0, height), "val": (0, height // 2), "test": (height // 2, height)}[split]
+        if hi < lo or rows[1] - rows[0] < side:
+            raise ValueError(f"picture {label!r} is too small for {split} crops of scale {scale}")
         left = int(rng.integers(lo, hi + 1))
-        top = int(rng.integers(0, height - side + 1))
+        top = int(rng.integers(rows[0], rows[1] - side + 1))
         examples.append(Example(resize(picture[top : top + side, left : left + side], size), label))
     return examples
 
 
-def picture_name(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 56) -> TaskData:
+def picture_name(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 56
+) -> TaskData:
     """Which picture is this crop from? (six scikit-image sample photographs)."""
-    train, test = _splits(seed, n_train, n_test, lambda s, n, r: _crops(PICTURES, s, n, r, size, 0.35))
+    train, val, test = _splits(seed, n_train, n_test, n_val, lambda s, n, r: _crops(PICTURES, s, n, r, size, 0.35))
     return TaskData(
         "picture-name",
         "Which picture is this part of?",
         "classification",
         train,
+        val,
         test,
         tuple(sorted(PICTURES)),
     )
 
 
-def texture(n_train: int = 300, n_test: int = 100, seed: int = 0, size: int = 56) -> TaskData:
+def texture(
+    n_train: int = 300, n_test: int = 100, seed: int = 0, n_val: int | None = None, size: int = 56
+) -> TaskData:
     """Which texture is this? (brick, grass, gravel)."""
-    train, test = _splits(seed, n_train, n_test, lambda s, n, r: _crops(TEXTURES, s, n, r, size, 0.2))
+    train, val, test = _splits(seed, n_train, n_test, n_val, lambda s, n, r: _crops(TEXTURES, s, n, r, size, 0.2))
     return TaskData(
-        "texture", "Which texture is this?", "classification", train, test, tuple(sorted(TEXTURES))
+        "texture", "Which texture is this?", "classification", train, val, test, tuple(sorted(TEXTURES))
     )
 
 

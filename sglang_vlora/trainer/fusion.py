@@ -6,6 +6,10 @@ roll the adapter back to its weights before this dataset, close it, and start a 
 with the dataset. A dataset that misses its requirement even alone gets an adapter of its own
 (flagged in the manifest) and the next dataset starts a new one.
 
+Every decision reads the tasks' ``val`` split. When an adapter is closed (its weights final),
+each of its tasks is measured once on its ``test`` split, which no decision has seen: the
+manifest reports both, and only the test figure is an unbiased estimate of the accuracy.
+
 This module is plain logic over the :class:`Learner` protocol (no torch): the real learner
 is :class:`~sglang_vlora.trainer.learner.VLMLearner`, the tests use an accuracy oracle.
 After every dataset a checkpoint (state + the open adapter) is written atomically, so an
@@ -32,12 +36,13 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 STATE_DIR = ".fusion"
 MANIFEST_FORMAT = "vlora-fusion"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+SPLITS = ("val", "test")  # what Learner.evaluate reads: decisions, then the final report
 
 
 @dataclass(frozen=True)
 class FusionTask:
-    """A dataset to fuse and the accuracy its task must keep (its metric, on its test split)."""
+    """A dataset to fuse and the accuracy its task must keep (its metric, on its val split)."""
 
     name: str
     required: float
@@ -52,8 +57,8 @@ class Learner(Protocol):
     def train(self, tasks: Sequence[str], new_task: str, seed: int) -> None:
         """Train the live adapter, which now holds ``tasks``, on the newly added ``new_task``."""
 
-    def evaluate(self, task: str) -> float:
-        """The live adapter's accuracy on ``task``."""
+    def evaluate(self, task: str, split: str) -> float:
+        """The live adapter's accuracy on ``task``'s ``split`` (one of :data:`SPLITS`)."""
 
     def snapshot(self) -> Any:
         """A copy of the live adapter's weights."""
@@ -103,11 +108,13 @@ def register_order_policy(name: str) -> Callable[[OrderPolicy], OrderPolicy]:
 
 @dataclass
 class AdapterRecord:
-    """One adapter: its tasks and their accuracies as last measured with all of them inside."""
+    """One adapter: its tasks, their val accuracies as last measured with all of them inside
+    (what the decisions read) and, once the adapter is closed, their test accuracies."""
 
     name: str
     tasks: list[str] = field(default_factory=list)
     accuracy: dict[str, float] = field(default_factory=dict)
+    test_accuracy: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -238,6 +245,9 @@ def fuse(
 
     def close() -> None:
         record = state.current
+        started = time.perf_counter()
+        record.test_accuracy = {t: learner.evaluate(t, "test") for t in record.tasks}
+        record.seconds += time.perf_counter() - started
         learner.save_adapter(out_dir / record.name, record.tasks)
         state.closed.append(record)
         state.current = None
@@ -248,7 +258,7 @@ def fuse(
         started = time.perf_counter()
         learner.start_adapter(derive_seed(seed, "adapter", index))
         learner.train([task], task, derive_seed(seed, "train", index, task))
-        record.accuracy = {task: learner.evaluate(task)}
+        record.accuracy = {task: learner.evaluate(task, "val")}
         record.seconds += time.perf_counter() - started
         state.current = record
         if record.accuracy[task] < required[task]:
@@ -272,7 +282,7 @@ def fuse(
             before = learner.snapshot()
             candidate = [*current.tasks, task]
             learner.train(candidate, task, derive_seed(seed, "train", adapter_index(), task))
-            accuracy = {t: learner.evaluate(t) for t in candidate}
+            accuracy = {t: learner.evaluate(t, "val") for t in candidate}
             current.seconds += time.perf_counter() - started
             below = {t: a for t, a in accuracy.items() if a < required[t]}
             if below:
@@ -310,9 +320,15 @@ def build_manifest(
     for record in state.closed:
         entries = []
         for task in record.tasks:
-            accuracy = record.accuracy[task]
-            entry = {"task": task, "required": required[task], "accuracy": round(accuracy, 4)}
-            entry["meets"] = accuracy >= required[task]
+            val, test = record.accuracy[task], record.test_accuracy[task]
+            entry = {
+                "task": task,
+                "required": required[task],
+                "val_accuracy": round(val, 4),
+                "test_accuracy": round(test, 4),
+                "meets": val >= required[task],
+                "test_meets": test >= required[task],
+            }
             entries.append({**entry, **task_info.get(task, {})})
         adapters.append(
             {

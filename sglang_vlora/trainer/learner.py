@@ -202,7 +202,7 @@ class VLMLearner:
         key = (task, split)
         if key not in self._cache:
             data = self.tasks[task].data
-            examples = data.train if split == "train" else data.test
+            examples = {"train": data.train, "val": data.val, "test": data.test}[split]
             text = render_prompt(self.processor, data.prompt)
             items = []
             for start in range(0, len(examples), 64):
@@ -342,7 +342,8 @@ class VLMLearner:
             answers += [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
         return answers
 
-    def evaluate(self, task: str) -> float:
-        """The task's metric on its held-out test split."""
+    def evaluate(self, task: str, split: str) -> float:
+        """The task's metric on a held-out split (``val`` or ``test``)."""
         data = self.tasks[task].data
-        return score(data.task_type, self.predict(task), [e.target for e in data.test])
+        examples = {"val": data.val, "test": data.test}[split]
+        return score(data.task_type, self.predict(task, split), [e.target for e in examples])

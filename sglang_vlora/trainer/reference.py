@@ -39,7 +39,7 @@ def reference_answers(
 ) -> list[TaskAnswers]:
     """Re-answer every task of every adapter of a fusion output (test splits) with the trainer.
 
-    ``accuracy`` equals the manifest's ``accuracy`` when the same model and batch size are used.
+    ``accuracy`` equals the manifest's ``test_accuracy`` when the same model and batch size are used.
     """
     manifest = load_manifest(manifest_dir)
     plans = {}
@@ -67,7 +67,7 @@ def reference_answers(
                     targets=targets,
                     predictions=predictions,
                     accuracy=score(data.task_type, predictions, targets),
-                    manifest_accuracy=entry["accuracy"],
+                    manifest_accuracy=entry["test_accuracy"],
                 )
             )
     return results

@@ -10,7 +10,7 @@
       - name: digit-parity
         source: {builtin: digit-parity, n_train: 300, n_test: 100}
         answer: head          # head (task head) or lm (decoded answer text)
-        required: 0.80        # accuracy on the task's held-out test split
+        required: 0.80        # accuracy on the task's val split (decisions; test is only reported)
         steps: 80             # optional, overrides train.steps for this dataset
 """
 

@@ -14,29 +14,38 @@ from sglang_vlora.trainer.spec import parse_spec
 
 
 @pytest.mark.parametrize("name", sorted(data.BUILTIN_TASKS))
-def test_builtin_tasks_are_deterministic_with_held_out_tests(name: str) -> None:
+def test_builtin_tasks_are_deterministic_with_disjoint_held_out_splits(name: str) -> None:
     build = data.BUILTIN_TASKS[name]
     one, two = build(n_train=40, n_test=20, seed=3), build(n_train=40, n_test=20, seed=3)
     assert [e.target for e in one.train] == [e.target for e in two.train]
-    assert all(np.array_equal(a.image, b.image) for a, b in zip(one.test, two.test, strict=True))
-    # the test split does not depend on the size of the train split
+    assert len(one.val) == len(one.test) == 20
+    for split in ("val", "test"):
+        assert all(np.array_equal(a.image, b.image) for a, b in zip(getattr(one, split), getattr(two, split), strict=True))
+    # the held-out splits do not depend on the size of the train split
     bigger = build(n_train=60, n_test=20, seed=3)
     assert all(np.array_equal(a.image, b.image) for a, b in zip(one.test, bigger.test, strict=True))
-    for example in one.train + one.test:
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(one.val, bigger.val, strict=True))
+    for example in one.train + one.val + one.test:
         assert example.image.dtype == np.uint8 and example.image.shape[2] == 3
         assert 56 <= example.image.shape[0] <= 112 and 56 <= example.image.shape[1] <= 112
     train_images = {e.image.tobytes() for e in one.train}
-    assert not any(e.image.tobytes() in train_images for e in one.test)
+    val_images = {e.image.tobytes() for e in one.val}
+    assert not any(e.image.tobytes() in train_images | val_images for e in one.test)
+    assert not val_images & train_images
     if one.labels:
         assert len(set(e.target for e in one.train)) > 1
 
 
-def test_digit_scans_split_is_disjoint_and_covers_all_digits() -> None:
-    train, train_digits = data.digit_scans("train")
-    test, test_digits = data.digit_scans("test")
-    assert len(train) + len(test) == 1797
-    assert set(train_digits.tolist()) == set(test_digits.tolist()) == set(range(10))
-    assert not {s.tobytes() for s in train} & {s.tobytes() for s in test}
+def test_digit_scans_splits_are_disjoint_and_cover_all_digits() -> None:
+    splits = {name: data.digit_scans(name) for name in data.SCAN_SPLITS}
+    assert sum(len(scans) for scans, _ in splits.values()) == 1797
+    for _, digits in splits.values():
+        assert set(digits.tolist()) == set(range(10))
+    seen: set[bytes] = set()
+    for scans, _ in splits.values():
+        keys = {s.tobytes() for s in scans}
+        assert not keys & seen
+        seen |= keys
 
 
 def test_scene_tasks_answer_what_is_drawn() -> None:
@@ -55,15 +64,16 @@ def test_scene_tasks_answer_what_is_drawn() -> None:
 
 def test_collected_labels_come_from_the_small_model() -> None:
     task = collect.collected_digits(n_images=120, seed=1)
-    assert len(task.train) == 90 and len(task.test) == 30 and task.labels == data.NUMBER_WORDS
+    assert (len(task.train), len(task.val), len(task.test)) == (72, 24, 24)
+    assert task.labels == data.NUMBER_WORDS
     # the labeller is a real classifier: it mostly agrees with the true digits it never saw
     truth = data._single_digit_examples(
-        "test", 120, np.random.default_rng([1, 2]), 56, data.NUMBER_WORDS.__getitem__
+        "unlabeled", 120, np.random.default_rng([1, 2]), 56, data.NUMBER_WORDS.__getitem__
     )
     labels = collect.digit_small_model(seed=1)([e.image for e in truth])
     agreement = np.mean([a == e.target for a, e in zip(labels, truth, strict=True)])
     assert agreement > 0.85
-    assert Counter(e.target for e in task.train + task.test) == Counter(labels)
+    assert Counter(e.target for e in task.train + task.val + task.test) == Counter(labels)
 
 
 def test_label_images_rejects_answers_outside_the_label_set() -> None:

@@ -1,4 +1,5 @@
-"""Fusion logic against an accuracy oracle: packing, rollback, determinism, resume (fast, no model)."""
+"""Fusion logic against an accuracy oracle: packing, rollback, determinism, resume, the held-out
+test split (fast, no model)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,13 @@ class OracleLearner:
     """A learner whose accuracies come from an oracle over the set of fused tasks, and whose
     'weights' are a vector that every training call perturbs with seeded noise."""
 
-    def __init__(self, oracle: Oracle, interrupt_at: int | None = None) -> None:
+    def __init__(
+        self, oracle: Oracle, interrupt_at: int | None = None, test_oracle: Oracle | None = None
+    ) -> None:
         self.oracle = oracle
+        self.test_oracle = test_oracle or oracle
         self.interrupt_at = interrupt_at
+        self.evaluations: list[tuple[str, str, tuple[str, ...], list[float]]] = []
         self.tasks: tuple[str, ...] = ()
         self.weights = np.zeros(8)
         self.train_calls: list[tuple[tuple[str, ...], str]] = []
@@ -51,9 +56,10 @@ class OracleLearner:
         self.tasks = tuple(tasks)
         self.weights = self.weights + np.random.default_rng(seed).normal(size=8)
 
-    def evaluate(self, task: str) -> float:
+    def evaluate(self, task: str, split: str) -> float:
         assert task in self.tasks
-        return self.oracle(frozenset(self.tasks), task)
+        self.evaluations.append((split, task, self.tasks, self.weights.tolist()))
+        return (self.oracle if split == "val" else self.test_oracle)(frozenset(self.tasks), task)
 
     def snapshot(self) -> tuple[tuple[str, ...], np.ndarray]:
         return self.tasks, self.weights.copy()
@@ -133,7 +139,8 @@ def test_manifest_accuracies_are_the_measured_ones_and_meet_requirements(tmp_pat
         for adapter in result.manifest["adapters"]:
             fused = frozenset(t["task"] for t in adapter["tasks"])
             for entry in adapter["tasks"]:
-                assert entry["accuracy"] == pytest.approx(oracle(fused, entry["task"]), abs=1e-4)
+                assert entry["val_accuracy"] == pytest.approx(oracle(fused, entry["task"]), abs=1e-4)
+                assert entry["test_accuracy"] == entry["val_accuracy"]  # the oracle gives both splits alike
                 assert entry["meets"] == (oracle(fused, entry["task"]) >= required[entry["task"]])
             if len(fused) > 1:  # only a dataset that fails alone may miss its requirement
                 assert all(e["meets"] for e in adapter["tasks"])
@@ -259,3 +266,27 @@ def test_custom_order_policy_and_manifest_paths(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="permutation"):
         fuse(tasks, OracleLearner(oracle), tmp_path / "bad", policy=lambda t, r: ["d0"], progress=False)
+
+
+def test_decisions_read_val_and_the_test_split_is_measured_once_on_the_final_adapters(tmp_path: Path) -> None:
+    """The test split drives nothing: with test accuracies far below every requirement the
+    packing is the same as with test equal to val, and each task is measured on test once, with
+    the weights its adapter is saved with."""
+    names = "abcdef"
+    base = dict.fromkeys(names, 0.95)
+    load = {"a": 0.4, "b": 0.4, "c": 0.4, "d": 0.3, "e": 0.3, "f": 0.5}
+    tasks = [FusionTask(n, 0.9) for n in names]
+    oracle = capacity_oracle(base, load)
+    learner = OracleLearner(oracle, test_oracle=lambda fused, task: 0.1 + 0.01 * len(fused))
+    result = fuse(tasks, learner, tmp_path / "fz", policy="spec", progress=False)
+    alike = fuse(tasks, OracleLearner(oracle), tmp_path / "same", policy="spec", progress=False)
+    assert adapters_of(result.manifest) == adapters_of(alike.manifest) == [["a", "b"], ["c", "d", "e"], ["f"]]
+    tested = [(task, tasks_in) for split, task, tasks_in, _ in learner.evaluations if split == "test"]
+    assert tested == [(t, tuple(a)) for a in adapters_of(result.manifest) for t in a]
+    for adapter in result.manifest["adapters"]:
+        saved = json.loads((tmp_path / "fz" / adapter["path"] / "adapter.json").read_text())["weights"]
+        for entry in adapter["tasks"]:
+            weights = [w for split, task, _, w in learner.evaluations if split == "test" and task == entry["task"]]
+            assert weights == [saved]
+            assert entry["test_accuracy"] == pytest.approx(0.1 + 0.01 * len(adapter["tasks"]))
+            assert entry["meets"] and not entry["test_meets"]
