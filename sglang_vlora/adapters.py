@@ -467,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("dirs", nargs="+", metavar="DIR")
     check.add_argument("--model", help="the model's folder (config.json): check every tensor's shape against it")
     check.add_argument("--max-lora-rank", type=int, help="the server's --max-lora-rank")
+    check.add_argument(
+        "--lora-target-modules", nargs="+", metavar="MODULE",
+        help="the server's --lora-target-modules (default with --model: every module of the model)",
+    )
     args = parser.parse_args(argv)
     failed = 0
     try:
@@ -474,9 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     except AdapterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    targets = args.lora_target_modules or (list(model.modules) if model is not None else None)
+    served = {STACKED.get(t, t) for t in targets} if targets is not None else None
     for directory in args.dirs:
         try:
-            report = check_package(directory, model, args.max_lora_rank)
+            report = check_package(directory, model, args.max_lora_rank, served)
         except AdapterError as exc:
             failed += 1
             print(f"FAIL {directory}: {exc}")

@@ -47,6 +47,9 @@ def check_request(tokenizer_manager, obj) -> None:
     request_check.check_custom_params(getattr(obj, "sampling_params", None))
     is_single = bool(obj.is_single)
     request_check.check_prompts(obj.text, obj.input_ids, is_single, int(tokenizer_manager.model_config.vocab_size))
+    if not is_single:
+        prompts = int(obj.batch_size) * int(getattr(obj, "parallel_sample_num", 1) or 1)
+        request_check.check_adapter_list(getattr(obj, "lora_path", None), is_single, prompts)
     tokens = getattr(getattr(tokenizer_manager, "mm_processor", None), "mm_tokens", None)
     if tokens is not None:
         placeholder = tokens.image_token if isinstance(tokens.image_token, str) else str(tokens.image_token)

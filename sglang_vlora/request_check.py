@@ -55,6 +55,16 @@ def check_prompts(text: Any, input_ids: Any, is_single: bool, vocab_size: int) -
                 )
 
 
+def check_adapter_list(lora_path: Any, is_single: bool, prompts: int) -> None:
+    """A batch names one adapter (or null) per prompt, or one adapter for all."""
+    if is_single or not isinstance(lora_path, list) or len(lora_path) == prompts:
+        return
+    raise RequestError(
+        f"lora_path has {len(lora_path)} entries for {prompts} prompts: give one adapter name (or null) "
+        "per prompt, or one name for all"
+    )
+
+
 def check_custom_params(sampling_params: Any) -> None:
     """``sampling_params.custom_params`` must be an object (the plugin's fields live in it)."""
     entries = sampling_params if isinstance(sampling_params, list) else [sampling_params]
