@@ -14,7 +14,10 @@ from sglang_vlora.orchestrator.cost_model import (
     OutputLengths,
     load_cost_model,
 )
+from sglang_vlora.orchestrator.iteration_fit import IterationFit
+from sglang_vlora.orchestrator.limits import DerivedLimits
 from sglang_vlora.orchestrator.policy import (
+    Plan,
     PolicyConfig,
     SchedulingPolicy,
     make_policy,
@@ -27,9 +30,12 @@ __all__ = [
     "CostModel",
     "CostModelError",
     "Decision",
+    "DerivedLimits",
+    "IterationFit",
     "MeasuredCosts",
     "OutputLengths",
     "Mode",
+    "Plan",
     "PolicyConfig",
     "Request",
     "SchedulerState",

@@ -5,23 +5,29 @@
 * ``dlora``: merge or unmerge by workload, no mixture: a starving request forces unmerge.
   (dLoRA's slower per-layer switching is a property of the switcher and of the cost
   model measured for it, not of this policy.)
+
+Running requests are never paused, and neither ``merge-only`` nor ``dlora`` has mixture:
+so they merge an adapter only once every running request is that adapter's, and until
+then *drain*: the current weights finish the running requests while admitting only what
+those weights serve. Without that, the batches run mixture (what an earlier version of
+``dlora`` did while never choosing it).
 """
 
 from __future__ import annotations
 
-from sglang_vlora.orchestrator.cost_model import CostModel
+from collections.abc import Mapping, Sequence
+
 from sglang_vlora.orchestrator.policy import (
-    PolicyConfig,
-    build_decision,
-    compute_credits,
-    idle_decision,
+    Plan,
+    SchedulingPolicy,
+    merge_condition,
     most_requested,
     queue_order,
     register_policy,
-    starving_requests,
-    unmerge_all,
+    runs_without_mixture,
+    starving_first,
 )
-from sglang_vlora.orchestrator.state import Decision, Mode, SchedulerState, WeightState
+from sglang_vlora.orchestrator.state import Mode, Request, SchedulerState, WeightState
 
 
 def _own_weights(adapter: str | None) -> WeightState:
@@ -30,85 +36,75 @@ def _own_weights(adapter: str | None) -> WeightState:
 
 
 @register_policy("merge-only")
-class MergeOnlyPolicy:
+class MergeOnlyPolicy(SchedulingPolicy):
     """Serve one adapter's requests at a time with that adapter merged.
 
     Stays with the current adapter while nobody starves; otherwise moves to the adapter
     of the most urgent starving request (or, when the current one has no requests left,
-    of the first request in queue order).
+    of the first request in queue order), once the running requests are that adapter's.
     """
 
-    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
-        self.config = config
-        self.cost = cost
-
-    @staticmethod
-    def serving_states(adapter: str | None, state: SchedulerState) -> list[WeightState]:
+    def serving_states(self, adapter: str | None, state: SchedulerState) -> list[WeightState]:
         return [_own_weights(adapter)]
 
-    def decide(self, state: SchedulerState) -> Decision:
-        if not state.requests:
-            return idle_decision(*_own_weights(state.merged))
-        credits = compute_credits(state, self.cost, self.serving_states)
-        starving = starving_requests(state, credits, self.config.theta)
+    def idle_weights(self, state: SchedulerState) -> WeightState:
+        return _own_weights(state.merged)
+
+    def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         if starving:
             target = starving[0].adapter
         elif any(r.adapter == state.merged for r in state.requests):
             target = state.merged
         else:
             target = queue_order(state.requests, state)[0].adapter
-        group_starving = [r for r in starving if r.adapter == target]
-        starving_ids = {r.rid for r in group_starving}
-        rest = queue_order(
-            (r for r in state.requests if r.adapter == target and r.rid not in starving_ids), state
-        )
-        mode, adapter = _own_weights(target)
-        return build_decision(state, self.config, mode, adapter, [*group_starving, *rest], credits, starving)
+        if runs_only(state.running, target):
+            ordered = starving_first([r for r in starving if r.adapter == target], state.requests, state)
+            return Plan(target, [r for r in ordered if r.adapter == target])
+        if runs_only(state.running, state.merged):
+            return Plan(state.merged, [])  # drain the current adapter's requests first
+        return Plan(None, [])  # running requests of several adapters: finish them unmerged
+
+
+def runs_only(requests: Sequence[Request], adapter: str | None) -> bool:
+    """Whether every request uses ``adapter`` (None: the base model)."""
+    return all(r.adapter == adapter for r in requests)
 
 
 @register_policy("unmerge-only")
-class UnmergeOnlyPolicy:
+class UnmergeOnlyPolicy(SchedulingPolicy):
     """Every request unmerged: starving ones first, then queue order."""
 
-    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
-        self.config = config
-        self.cost = cost
-
-    @staticmethod
-    def serving_states(adapter: str | None, state: SchedulerState) -> list[WeightState]:
+    def serving_states(self, adapter: str | None, state: SchedulerState) -> list[WeightState]:
         return [(Mode.UNMERGE, None)]
 
-    def decide(self, state: SchedulerState) -> Decision:
-        if not state.requests:
-            return idle_decision(Mode.UNMERGE, None)
-        credits = compute_credits(state, self.cost, self.serving_states)
-        starving = starving_requests(state, credits, self.config.theta)
-        return unmerge_all(state, self.config, credits, starving)
+    def idle_weights(self, state: SchedulerState) -> WeightState:
+        return (Mode.UNMERGE, None)
+
+    def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
+        return Plan(None, starving_first(starving, state.requests, state))
 
 
 @register_policy("dlora")
-class DLoRAPolicy:
+class DLoRAPolicy(SchedulingPolicy):
     """Merge the dominant adapter while nobody starves, else unmerge everything (no mixture)."""
 
-    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
-        self.config = config
-        self.cost = cost
-
-    @staticmethod
-    def serving_states(adapter: str | None, state: SchedulerState) -> list[WeightState]:
+    def serving_states(self, adapter: str | None, state: SchedulerState) -> list[WeightState]:
         states: list[WeightState] = [(Mode.UNMERGE, None)]
         if adapter is not None:
             states.append((Mode.MERGE, adapter))
         return states
 
-    def decide(self, state: SchedulerState) -> Decision:
-        if not state.requests:
-            return idle_decision(*_own_weights(state.merged))
-        credits = compute_credits(state, self.cost, self.serving_states)
-        starving = starving_requests(state, credits, self.config.theta)
+    def idle_weights(self, state: SchedulerState) -> WeightState:
+        return _own_weights(state.merged)
+
+    def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
-        if top is not None and not starving and 2 * len(top_requests) > self.config.max_batch:
-            return build_decision(
-                state, self.config, Mode.MERGE, top, queue_order(top_requests, state), credits, starving
-            )
-        return unmerge_all(state, self.config, credits, starving)
+        if top is None or starving or not merge_condition(self.config, starving, top_requests):
+            return Plan(None, starving_first(starving, state.requests, state))
+        if runs_only(state.running, top):
+            return Plan(top, queue_order(top_requests, state))
+        if state.merged is None:
+            return Plan(None, queue_order(top_requests, state))  # drain the others unmerged
+        if runs_without_mixture(state.running, state.merged):
+            return Plan(state.merged, [])  # drain the merged adapter's requests first
+        return Plan(None, starving_first(starving, state.requests, state))

@@ -21,7 +21,8 @@ Schema ``sglang-vlora/cost-model/v1``::
       }
     }
 
-``prefill_token`` is an iteration's prefill time divided by its prompt tokens;
+``prefill_token`` is the marginal cost of one prompt token in a prefill (the slope of
+prefill time against prompt tokens, not a whole iteration divided by its tokens);
 ``decode_step`` the time of one decode iteration (each request in it gains one token),
 both measured in the given mode at the serving batch size. ``switch_s`` lists measured
 mode switches of one adapter over ``layers`` LoRA-targeted decoder layers: ``merge``
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_vlora.orchestrator.iteration_fit import IterationFit
 from sglang_vlora.orchestrator.state import Mode, Request, WeightState
 
 SCHEMA = "sglang-vlora/cost-model/v1"
@@ -190,38 +192,50 @@ def load_cost_model(
 class MeasuredCosts:
     """A cost model measured while serving, for a server started without a cost file.
 
-    The server reports the wall time of every iteration with the mode it ran in and its
-    prefill tokens, and every weight switch with its kind and rank; :meth:`snapshot`
-    turns the last ``window`` of each into a :class:`CostModel`:
+    The server reports every iteration it timed (the mode it ran in, its prefill tokens,
+    its decoding requests, its seconds) and every weight switch with its kind and rank;
+    :meth:`snapshot` turns the last ``window`` of each into a :class:`CostModel`:
 
-    * ``prefill_token`` = total seconds / total prompt tokens over the mode's prefill
-      iterations; ``decode_step`` = mean seconds of its decode iterations;
-    * a mode not measured yet is charged the slowest measured mode's latency (the
-      estimate errs towards serving a request sooner), and before anything is measured
-      execution costs 0 (credit = waiting time + switch);
+    * per mode, :class:`~sglang_vlora.orchestrator.iteration_fit.IterationFit` fits
+      ``seconds = fixed + per_token * prefill_tokens + per_request * decode_requests``;
+      ``prefill_token`` is the fitted per-token cost (the marginal cost of one more
+      prompt token), ``decode_step`` the fitted time of a decode iteration at the mode's
+      mean decode batch (what each request in it waits for one token);
+    * a mode not measured yet (or without a prefill / decode sample) is charged the
+      slowest measured mode's figure (the estimate errs towards serving a request
+      sooner), and before anything is measured execution costs 0 (credit = waiting time
+      + switch);
     * switch fits as in the file schema; an unmeasured ``unmerge`` borrows the
       ``merge`` fit and vice versa (both read and write every targeted weight once);
       with neither, switches cost 0 until one is measured.
+
+    Fits are redone after ``refit_every`` new iterations (a fit over the window is a few
+    milliseconds of Python, too much for every iteration) and after every switch.
     """
 
-    def __init__(self, layers: int, window: int = 64) -> None:
-        if layers <= 0 or window <= 0:
-            raise CostModelError("layers and window must be positive")
+    def __init__(self, layers: int, window: int = 256, refit_every: int = 16) -> None:
+        if layers <= 0 or window <= 0 or refit_every <= 0:
+            raise CostModelError("layers, window and refit_every must be positive")
         self.layers = layers
-        self._prefill = {mode: deque(maxlen=window) for mode in Mode}  # (tokens, seconds)
-        self._decode = {mode: deque(maxlen=window) for mode in Mode}  # seconds
+        self._iterations = {mode: deque(maxlen=window) for mode in Mode}  # (tokens, requests, seconds)
         self._switch = {kind: deque(maxlen=window) for kind in SWITCH_KINDS}  # (rank, layers, seconds)
+        self._refit_every = refit_every
+        self._unfitted = 0
         self._snapshot: CostModel | None = None
+        self.fits: dict[Mode, IterationFit] = {}
 
-    def record_iteration(self, mode: Mode, prefill_tokens: int, seconds: float) -> None:
-        """One forward iteration: a prefill (``prefill_tokens`` > 0) or a decode step."""
-        if seconds < 0 or not math.isfinite(seconds):
+    def record_iteration(self, mode: Mode, prefill_tokens: int, decode_requests: int, seconds: float) -> None:
+        """One timed forward iteration: ``prefill_tokens`` new prompt tokens (0 for a decode
+        step) and ``decode_requests`` requests gaining one token (a mixed batch has both)."""
+        if seconds <= 0 or not math.isfinite(seconds) or prefill_tokens < 0 or decode_requests < 0:
             return
-        if prefill_tokens > 0:
-            self._prefill[Mode(mode)].append((prefill_tokens, seconds))
-        else:
-            self._decode[Mode(mode)].append(seconds)
-        self._snapshot = None
+        if prefill_tokens == decode_requests == 0:
+            return
+        points = self._iterations[Mode(mode)]
+        points.append((prefill_tokens, decode_requests, seconds))
+        self._unfitted += 1
+        if len(points) == 1 or self._unfitted >= self._refit_every:
+            self._snapshot = None
 
     def record_switch(self, kind: str, rank: int, seconds: float) -> None:
         """One weight switch of ``kind`` (merge, unmerge, fused; fused keyed by r_a + r_b)."""
@@ -237,12 +251,19 @@ class MeasuredCosts:
 
     def snapshot(self) -> CostModel:
         if self._snapshot is None:
-            prefill = {
-                mode: sum(s for _, s in pts) / sum(t for t, _ in pts)
-                for mode, pts in self._prefill.items()
-                if pts
-            }
-            decode = {mode: sum(pts) / len(pts) for mode, pts in self._decode.items() if pts}
+            self._unfitted = 0
+            prefill, decode = {}, {}
+            self.fits = {}
+            for mode, points in self._iterations.items():
+                fit = IterationFit.fit(list(points))
+                if fit is None:
+                    continue
+                self.fits[mode] = fit
+                if any(tokens for tokens, _, _ in points):
+                    prefill[mode] = fit.prefill_token_s
+                decoding = [requests for tokens, requests, _ in points if requests and not tokens]
+                if decoding:
+                    decode[mode] = fit.seconds(0, round(sum(decoding) / len(decoding)))
             fits = {kind: SwitchFit.fit(list(pts)) for kind, pts in self._switch.items() if pts}
             free = SwitchFit(0.0, 0.0)
             merge = fits.get("merge", fits.get("unmerge", free))

@@ -3,19 +3,33 @@
 V-LoRA's policy is Algorithm 1 of the paper (§4.4.3). Every request gets a *credit*:
 its waiting time plus its expected execution time in the current mode, plus the switch
 latency when the current weights cannot serve it (then the cheapest way this policy has
-to serve it is taken). A request whose credit exceeds ``theta`` is *starving*. Then:
+to serve it is taken). A request whose credit exceeds its threshold (``theta``, or its
+SLO when that is tighter) is *starving*. Then:
 
 * nothing starves and the most-requested adapter holds more than half of the max batch:
-  **merge** that adapter and run its requests;
+  **merge** that adapter and admit its requests;
 * starving requests are at most half of the max batch and that adapter still holds more
   than half: **mixture** with it merged; the starving requests first, then its requests;
 * otherwise **unmerge**: the starving requests first, then everyone else.
 
+Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
+
+* running requests hold KV cache and are **never paused**: every batch runs all of them,
+  and a policy only chooses the weights and the waiting requests to admit. Weights with
+  adapter ``k`` merged and a running request of another adapter run that batch as
+  mixture, and the decision says so (:attr:`Decision.mode` is what runs);
+* a weight switch stops the GPU for its duration, so V-LoRA keeps a **switch budget**:
+  it changes the weights only when the time since the last change is at least the
+  measured cost of the switch divided by ``switch_budget`` (so switching takes at most
+  about that fraction of the time); until then the current weights serve the running
+  requests and the decided admissions (mixture serves any request, so no request waits
+  for the budget). With nothing running, the budget does not hold a switch back.
+
 Starving requests are ordered by tighter SLO first (no SLO last), then by larger credit;
-the others by running before waiting (they hold KV), then arrival. Batches stop at
-``max_batch`` requests and skip a request whose adapter would exceed ``adapter_slots``
-(SGLang's ``max_loras_per_batch``: distinct adapters of the batch, the base model
-included, and the merged adapter always counts).
+the others by running before waiting (they hold KV), then arrival. Admissions stop at
+``max_batch`` requests in the batch (running ones included) and skip a request whose
+adapter would exceed ``adapter_slots`` (SGLang's ``max_loras_per_batch``: distinct
+adapters of the batch, the base model included, and the merged adapter always counts).
 
 Policies are stateless: a decision is a function of the :class:`SchedulerState`, the
 :class:`PolicyConfig` and the cost model only. Nothing here reads a clock.
@@ -24,9 +38,10 @@ Policies are stateless: a decision is a function of the :class:`SchedulerState`,
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from sglang_vlora.orchestrator.cost_model import CostModel
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState, WeightState
@@ -34,11 +49,12 @@ from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerSt
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Static knobs of a policy (the ``--vlora-theta`` / ``--vlora-max-batch`` flags)."""
+    """Knobs of a policy: ``--vlora-theta`` / ``--vlora-max-batch`` or their derived values."""
 
     theta: float  # starvation threshold on credits, seconds
     max_batch: int  # requests per iteration (MaxBS of Algorithm 1)
     adapter_slots: int | None = None  # distinct adapters per batch; None: no limit
+    switch_budget: float = 0.1  # largest fraction of the time V-LoRA may spend switching weights
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.theta) or self.theta < 0:
@@ -47,12 +63,55 @@ class PolicyConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.adapter_slots is not None and self.adapter_slots < 1:
             raise ValueError(f"adapter_slots must be >= 1 or None, got {self.adapter_slots}")
+        if not 0 < self.switch_budget <= 1:
+            raise ValueError(f"switch_budget must be in (0, 1], got {self.switch_budget}")
+
+    def threshold(self, request: Request) -> float:
+        """Credit above which ``request`` starves: theta, or its SLO when tighter."""
+        return self.theta if request.slo is None else min(self.theta, request.slo)
 
 
-class SchedulingPolicy(Protocol):
+@dataclass(frozen=True)
+class Plan:
+    """What a policy chose: the weights, and the requests in priority order.
+
+    Running requests in ``order`` only set their place in the batch (they run anyway);
+    waiting ones are admitted in this order while room is left.
+    """
+
+    adapter: str | None  # merged adapter of the next iteration; None: clean weights
+    order: Sequence[Request]
+
+
+class SchedulingPolicy(ABC):
+    """The skeleton every policy shares; a policy supplies :meth:`serving_states` and
+    :meth:`plan`, and :meth:`idle_weights` when it keeps other weights than the current."""
+
+    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
+        self.config = config
+        self.cost = cost
+
+    @abstractmethod
+    def serving_states(self, adapter: str | None, state: SchedulerState) -> Iterable[WeightState]:
+        """The weight states in which this policy could run a request of ``adapter``."""
+
+    @abstractmethod
+    def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
+        """Weights and admission order for a state with requests."""
+
+    def idle_weights(self, state: SchedulerState) -> WeightState:
+        """Weights to keep with no requests (a switch now buys nothing)."""
+        return state.weights
+
     def decide(self, state: SchedulerState) -> Decision:
         """The mode, merged adapter and batch of the next iteration."""
-        ...
+        if not state.requests:
+            mode, adapter = self.idle_weights(state)
+            return Decision(mode, adapter, (), (), (), {})
+        credits = compute_credits(state, self.cost, self.serving_states)
+        starving = starving_requests(state, credits, self.config)
+        plan = self.plan(state, credits, starving)
+        return build_decision(state, self.config, plan, credits, starving)
 
 
 PolicyFactory = Callable[[PolicyConfig, CostModel], SchedulingPolicy]
@@ -118,9 +177,11 @@ def queue_order(requests: Iterable[Request], state: SchedulerState) -> list[Requ
     return sorted(requests, key=lambda r: (r.rid not in running, r.arrival, r.rid))
 
 
-def starving_requests(state: SchedulerState, credits: Mapping[str, float], theta: float) -> list[Request]:
-    """Requests with credit above ``theta``: tighter SLO first (none last), then larger credit."""
-    starving = [r for r in state.requests if credits[r.rid] > theta]
+def starving_requests(
+    state: SchedulerState, credits: Mapping[str, float], config: PolicyConfig
+) -> list[Request]:
+    """Requests with credit above their threshold: tighter SLO first (none last), then larger credit."""
+    starving = [r for r in state.requests if credits[r.rid] > config.threshold(r)]
     return sorted(starving, key=lambda r: (r.slo is None, r.slo or 0.0, -credits[r.rid], r.arrival, r.rid))
 
 
@@ -139,65 +200,84 @@ def most_requested(state: SchedulerState) -> tuple[str | None, list[Request]]:
     return top, groups[top]
 
 
+def starving_first(starving: Sequence[Request], others: Iterable[Request], state: SchedulerState) -> list[Request]:
+    """The starving requests in their order, then ``others`` not among them in queue order."""
+    starving_ids = {r.rid for r in starving}
+    return [*starving, *queue_order((r for r in others if r.rid not in starving_ids), state)]
+
+
+def merge_condition(config: PolicyConfig, starving: Sequence[Request], top_requests: Sequence[Request]) -> bool:
+    """Algorithm 1 line 5: |R_starve| / MaxBS <= 0.5 and |R_merge| / MaxBS > 0.5."""
+    return 2 * len(starving) <= config.max_batch and 2 * len(top_requests) > config.max_batch
+
+
+def runs_without_mixture(requests: Iterable[Request], adapter: str | None) -> bool:
+    """Whether weights with ``adapter`` merged (None: clean) run ``requests`` without mixture."""
+    return adapter is None or all(r.adapter == adapter for r in requests)
+
+
 def build_decision(
     state: SchedulerState,
     config: PolicyConfig,
-    mode: Mode,
-    adapter: str | None,
-    ordered: Sequence[Request],
+    plan: Plan,
     credits: Mapping[str, float],
     starving: Sequence[Request],
 ) -> Decision:
-    """Take ``ordered`` requests into the batch within ``max_batch`` and ``adapter_slots``."""
-    used: set[str | None] = set() if adapter is None else {adapter}
+    """Every running request plus the waiting ones of ``plan.order`` that fit.
+
+    Waiting requests are admitted while the batch holds fewer than ``max_batch`` requests
+    and their adapter fits in ``adapter_slots``; running requests never leave.
+    """
+    running_ids = {r.rid for r in state.running}
+    used: set[str | None] = {r.adapter for r in state.running}
+    if plan.adapter is not None:
+        used.add(plan.adapter)
+    room = config.max_batch - len(state.running)
     batch: list[Request] = []
-    for request in ordered:
-        if len(batch) == config.max_batch:
-            break
-        if config.adapter_slots is not None and len(used | {request.adapter}) > config.adapter_slots:
-            continue
+    for request in plan.order:
+        if request.rid not in running_ids:
+            if room <= 0 or (
+                config.adapter_slots is not None and len(used | {request.adapter}) > config.adapter_slots
+            ):
+                continue
+            room -= 1
+            used.add(request.adapter)
         batch.append(request)
-        used.add(request.adapter)
     chosen = {r.rid for r in batch}
-    running = {r.rid for r in state.running}
+    batch += queue_order((r for r in state.running if r.rid not in chosen), state)
+    if plan.adapter is None:
+        mode = Mode.UNMERGE
+    else:
+        mode = Mode.MERGE if runs_without_mixture(batch, plan.adapter) else Mode.MIXTURE
     return Decision(
         mode=mode,
-        adapter=adapter,
+        adapter=plan.adapter,
         batch=tuple(r.rid for r in batch),
-        admit=tuple(r.rid for r in batch if r.rid not in running),
-        pause=tuple(r.rid for r in queue_order(state.running, state) if r.rid not in chosen),
+        admit=tuple(r.rid for r in batch if r.rid not in running_ids),
         starving=tuple(r.rid for r in starving),
         credits=credits,
     )
 
 
-def unmerge_all(
-    state: SchedulerState, config: PolicyConfig, credits: Mapping[str, float], starving: Sequence[Request]
-) -> Decision:
-    """Unmerge; the starving requests first, then everyone else in queue order (Algorithm 1 line 15)."""
-    starving_ids = {r.rid for r in starving}
-    rest = queue_order((r for r in state.requests if r.rid not in starving_ids), state)
-    return build_decision(state, config, Mode.UNMERGE, None, [*starving, *rest], credits, starving)
-
-
-def idle_decision(mode: Mode, adapter: str | None) -> Decision:
-    """No requests: an empty batch; the caller names weights it can keep (a switch now buys nothing)."""
-    return Decision(mode, adapter, (), (), (), (), {})
+def within_switch_budget(state: SchedulerState, config: PolicyConfig, cost: CostModel, adapter: str | None) -> bool:
+    """Whether moving the weights to ``adapter`` merged keeps switching within the budget:
+    the time since the last switch is at least this switch's cost / ``switch_budget``.
+    With nothing running there is no batch to serve in the current weights: always."""
+    if adapter == state.merged or state.last_switch is None or not state.running:
+        return True
+    target: WeightState = (Mode.UNMERGE, None) if adapter is None else (Mode.MERGE, adapter)
+    seconds = cost.switch_s(state.weights, target, state.ranks)
+    return state.now - state.last_switch >= seconds / config.switch_budget
 
 
 # V-LoRA ---------------------------------------------------------------------------------
 
 
 @register_policy("vlora")
-class VLoRAPolicy:
+class VLoRAPolicy(SchedulingPolicy):
     """Algorithm 1: merge when possible, mixture on mild starvation, unmerge otherwise."""
 
-    def __init__(self, config: PolicyConfig, cost: CostModel) -> None:
-        self.config = config
-        self.cost = cost
-
-    @staticmethod
-    def serving_states(adapter: str | None, state: SchedulerState) -> list[WeightState]:
+    def serving_states(self, adapter: str | None, state: SchedulerState) -> list[WeightState]:
         """Merged with its own adapter, mixture around the merged one, or unmerged."""
         states: list[WeightState] = [(Mode.UNMERGE, None)]
         if adapter is not None:
@@ -206,22 +286,14 @@ class VLoRAPolicy:
             states.append((Mode.MIXTURE, state.merged))
         return states
 
-    def decide(self, state: SchedulerState) -> Decision:
-        if not state.requests:
-            return idle_decision(state.mode, state.merged)
-        credits = compute_credits(state, self.cost, self.serving_states)
-        starving = starving_requests(state, credits, self.config.theta)
+    def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
-        max_batch = self.config.max_batch
-        # Algorithm 1 line 5: |R_starve| / MaxBS <= 0.5 and |R_merge| / MaxBS > 0.5
-        if top is not None and 2 * len(starving) <= max_batch and 2 * len(top_requests) > max_batch:
-            if not starving:
-                return build_decision(
-                    state, self.config, Mode.MERGE, top, queue_order(top_requests, state), credits, starving
-                )
-            starving_ids = {r.rid for r in starving}
-            rest = queue_order((r for r in top_requests if r.rid not in starving_ids), state)
-            return build_decision(
-                state, self.config, Mode.MIXTURE, top, [*starving, *rest], credits, starving
-            )
-        return unmerge_all(state, self.config, credits, starving)
+        if top is not None and merge_condition(self.config, starving, top_requests):
+            # Lines 6-12: merge top; admit the starving first (mixture), then top's requests.
+            adapter, order = top, starving_first(starving, top_requests, state)
+        else:
+            # Lines 13-15: unmerge; the starving first, then everyone.
+            adapter, order = None, starving_first(starving, state.requests, state)
+        if not within_switch_budget(state, self.config, self.cost, adapter):
+            adapter = state.merged  # these weights serve the same admissions (mixture serves any request)
+        return Plan(adapter, order)

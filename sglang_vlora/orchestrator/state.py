@@ -69,6 +69,10 @@ class SchedulerState:
     ``now`` is supplied by the caller and must be identical on every TP rank (derive it
     from the iteration count, or broadcast it); the policy never reads a clock.
     ``ranks`` maps every adapter that may be merged to its LoRA rank (switch costs).
+    ``last_switch`` is when the weights last changed (same clock as ``now``; None: never),
+    for the switch budget.
+
+    ``running`` requests hold KV cache and are never paused: every decision runs them.
     """
 
     now: float
@@ -77,6 +81,7 @@ class SchedulerState:
     mode: Mode
     merged: str | None
     ranks: Mapping[str, int] = field(default_factory=dict)
+    last_switch: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # accept "merge" etc. from the glue
@@ -102,9 +107,12 @@ class SchedulerState:
 class Decision:
     """What to run in the next iteration.
 
-    ``batch`` holds the request ids to run, most urgent first; ``admit`` the waiting ones
-    among them (in that order: the order to offer them to SGLang's admission, which may
-    still stop early for memory), ``pause`` the running requests left out of the batch.
+    ``mode`` is the mode the batch runs in with the weights ``adapter`` names: merge only
+    when every request of the batch uses ``adapter``, mixture when some do not (running
+    requests of other adapters are never paused), unmerge when nothing is merged.
+    ``batch`` holds the request ids to run, most urgent first: every running request and
+    the admitted waiting ones; ``admit`` the waiting ones among them (in that order: the
+    order to offer them to SGLang's admission, which may still stop early for memory).
     ``credits`` and ``starving`` explain the decision (metrics, /vlora/status).
     """
 
@@ -112,6 +120,5 @@ class Decision:
     adapter: str | None
     batch: tuple[str, ...]
     admit: tuple[str, ...]
-    pause: tuple[str, ...]
     starving: tuple[str, ...]
     credits: Mapping[str, float]

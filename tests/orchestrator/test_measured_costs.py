@@ -1,4 +1,7 @@
-"""The cost model a server measures while serving, and a request's application / SLO."""
+"""The cost model a server measures while serving (fake clock, fixed batches), and a
+request's application / SLO."""
+
+import random
 
 import pytest
 
@@ -15,22 +18,80 @@ def test_before_anything_is_measured_execution_and_switches_cost_nothing():
     assert cost.switch_s((Mode.UNMERGE, None), (Mode.MERGE, "a"), {"a": 16}) == 0
 
 
-def test_latencies_are_per_mode_averages_over_the_window():
-    costs = MeasuredCosts(LAYERS, window=2)
-    costs.record_iteration(Mode.UNMERGE, 100, 1.0)  # falls out of the window below
-    costs.record_iteration(Mode.UNMERGE, 100, 0.2)
-    costs.record_iteration(Mode.UNMERGE, 300, 0.6)
-    costs.record_iteration(Mode.MERGE, 0, 0.01)
-    costs.record_iteration(Mode.MERGE, 0, 0.03)
+# A made-up server: 4 ms per iteration, 20 us per prefill token, 0.1 ms per decoding
+# request in unmerge; merge is 25% cheaper per token and per request.
+TRUE = {
+    Mode.UNMERGE: (0.004, 2.0e-5, 1.0e-4),
+    Mode.MERGE: (0.004, 1.5e-5, 0.75e-4),
+}
+
+
+def seconds(mode: Mode, tokens: int, requests: int) -> float:
+    fixed, per_token, per_request = TRUE[mode]
+    return fixed + per_token * tokens + per_request * requests
+
+
+# Fixed batches as a server sees them: big prefills, prefix-cache hits and last chunks of
+# a few tokens, mixed chunks with decoding requests riding along, decode steps of 4-16.
+BATCHES = [(1024, 0), (5, 0), (37, 3), (512, 8), (0, 4), (0, 8), (0, 16), (3, 0), (2048, 0), (0, 12)]
+
+
+def test_per_token_prefill_is_the_slope_not_iteration_time_over_tokens():
+    """Dividing iteration time by prefill tokens charges the fixed part to every token: a
+    5-token prefill would read 8e-4 s per token. The fit recovers the true 2e-5."""
+    costs = MeasuredCosts(LAYERS, refit_every=1)
+    for mode in TRUE:
+        for tokens, requests in BATCHES:
+            costs.record_iteration(mode, tokens, requests, seconds(mode, tokens, requests))
     cost = costs.snapshot()
-    assert cost.prefill_token_s[Mode.UNMERGE] == pytest.approx(0.8 / 400)
-    assert cost.decode_step_s[Mode.MERGE] == pytest.approx(0.02)
+    for mode, (fixed, per_token, per_request) in TRUE.items():
+        assert cost.prefill_token_s[mode] == pytest.approx(per_token, rel=1e-6)
+        mean_decode_batch = round((4 + 8 + 16 + 12) / 4)
+        assert cost.decode_step_s[mode] == pytest.approx(fixed + per_request * mean_decode_batch, rel=1e-6)
+        fit = costs.fits[mode]
+        assert (fit.fixed_s, fit.prefill_token_s, fit.decode_request_s) == pytest.approx(
+            (fixed, per_token, per_request), rel=1e-6
+        )
+    assert cost.prefill_token_s[Mode.MIXTURE] == cost.prefill_token_s[Mode.UNMERGE]  # unmeasured: the slowest
+
+
+def test_outliers_and_noise_do_not_move_the_fit_far():
+    """2% multiplicative noise, and a few iterations that paid for something else (a host
+    stall of 50 ms): the fit stays within 5% of the truth."""
+    rng = random.Random(0)
+    costs = MeasuredCosts(LAYERS, refit_every=1)
+    for i in range(200):
+        tokens, requests = BATCHES[i % len(BATCHES)]
+        value = seconds(Mode.UNMERGE, tokens, requests) * rng.uniform(0.98, 1.02)
+        costs.record_iteration(Mode.UNMERGE, tokens, requests, value + (0.05 if i % 37 == 0 else 0.0))
+    costs.snapshot()
+    fit = costs.fits[Mode.UNMERGE]
+    assert fit.prefill_token_s == pytest.approx(2.0e-5, rel=0.05)
+    assert fit.seconds(0, 8) == pytest.approx(seconds(Mode.UNMERGE, 0, 8), rel=0.05)
+    assert fit.samples < 200  # the stalls were dropped
+
+
+def test_a_constant_workload_still_gets_a_marginal_cost():
+    """Every prefill of one size: the fixed part cannot be told apart, so the whole time
+    goes to the tokens (erring towards a higher cost), never to a zero per-token cost."""
+    costs = MeasuredCosts(LAYERS)
+    for _ in range(5):
+        costs.record_iteration(Mode.MERGE, 1000, 0, 0.024)
+    assert costs.snapshot().prefill_token_s[Mode.MERGE] == pytest.approx(2.4e-5)
+
+
+def test_the_window_keeps_the_last_iterations():
+    costs = MeasuredCosts(LAYERS, window=3, refit_every=1)
+    costs.record_iteration(Mode.UNMERGE, 0, 4, 1.0)  # falls out of the window below
+    for _ in range(3):
+        costs.record_iteration(Mode.UNMERGE, 0, 4, 0.01)
+    assert costs.snapshot().decode_step_s[Mode.UNMERGE] == pytest.approx(0.01)
 
 
 def test_an_unmeasured_mode_is_charged_the_slowest_measured_one():
     costs = MeasuredCosts(LAYERS)
-    costs.record_iteration(Mode.MERGE, 0, 0.01)
-    costs.record_iteration(Mode.UNMERGE, 0, 0.03)
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.01)
+    costs.record_iteration(Mode.UNMERGE, 0, 4, 0.03)
     cost = costs.snapshot()
     assert cost.decode_step_s[Mode.MIXTURE] == pytest.approx(0.03)
     assert cost.prefill_token_s[Mode.MIXTURE] == 0  # no prefill measured in any mode yet
@@ -52,20 +113,27 @@ def test_switches_fit_per_rank_and_a_missing_kind_borrows_its_mirror():
 
 def test_bad_measurements_are_ignored_and_bad_kinds_refused():
     costs = MeasuredCosts(LAYERS)
-    costs.record_iteration(Mode.MERGE, 0, float("nan"))
-    costs.record_iteration(Mode.MERGE, 0, -1.0)
+    costs.record_iteration(Mode.MERGE, 0, 4, float("nan"))
+    costs.record_iteration(Mode.MERGE, 0, 4, -1.0)
+    costs.record_iteration(Mode.MERGE, 0, 0, 0.5)  # no work in it
     costs.record_switch("merge", 16, float("inf"))
     assert costs.snapshot().decode_step_s[Mode.MERGE] == 0 and costs.measured_switches() == 0
     with pytest.raises(CostModelError, match="unknown switch kind"):
         costs.record_switch("swap", 16, 0.001)
 
 
-def test_the_snapshot_is_reused_until_something_new_is_measured():
-    costs = MeasuredCosts(LAYERS)
+def test_the_fit_is_redone_every_few_iterations_and_on_a_new_mode():
+    costs = MeasuredCosts(LAYERS, refit_every=3)
     first = costs.snapshot()
     assert costs.snapshot() is first
-    costs.record_iteration(Mode.MERGE, 0, 0.01)
-    assert costs.snapshot() is not first
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.01)  # the mode's first sample: refit now
+    second = costs.snapshot()
+    assert second is not first and second.decode_step_s[Mode.MERGE] == pytest.approx(0.01)
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.03)
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.03)
+    assert costs.snapshot() is second
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.03)  # the third since the last fit
+    assert costs.snapshot().decode_step_s[Mode.MERGE] == pytest.approx(0.025)
 
 
 def test_output_length_is_learned_per_group_and_capped():

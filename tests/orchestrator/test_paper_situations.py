@@ -4,6 +4,8 @@ Costs come from ``builders.MEASURED``: a fresh request (256 prompt tokens, 16 ou
 tokens) takes 0.1856 s merged, 0.2227 s in mixture and 0.2784 s unmerged.
 """
 
+import dataclasses
+
 import pytest
 
 from sglang_vlora.orchestrator import Mode, PolicyConfig, make_policy
@@ -35,8 +37,10 @@ def test_fig7_three_of_one_adapter_then_four_of_others():
     third = policy.decide(state(0.5, waiting=others, running=merged, mode=Mode.MERGE, merged="a"))
     assert set(third.starving) == {"r4", "r5", "r6", "r7"}  # 4 > max_batch / 2
     assert (third.mode, third.adapter) == (Mode.UNMERGE, None)
-    assert sorted(third.batch) == ["r4", "r5", "r6", "r7"] and third.admit == third.batch
-    assert third.pause == ("r1", "r2", "r3")
+    # The paper pauses r1-r3 here; SGLang's running requests hold KV and are never paused,
+    # so they go on (unmerged) and the one place left goes to the most starving: r6, whose
+    # adapter (rank 64) would cost the longest switch to serve any other way.
+    assert third.admit == ("r6",) and third.batch == ("r6", "r1", "r2", "r3")
 
 
 def merged_workload(now: float, a_arrival: float, other_arrival: float, others: str):
@@ -55,23 +59,24 @@ def test_starvation_turns_merge_into_mixture():
     assert starving.starving == ("b1",)
     assert (starving.mode, starving.adapter) == (Mode.MIXTURE, "a")
     assert starving.batch == ("b1", "a1", "a2", "a3", "a4", "a5", "a6")
-    assert starving.admit == ("b1",) and starving.pause == ()
+    assert starving.admit == ("b1",)
 
 
 def test_half_of_max_batch_starving_is_still_mixture():
     decision = vlora(max_batch=8).decide(merged_workload(1.0, 1.0, 0.0, "bcde"))
     assert len(decision.starving) == 4
     assert (decision.mode, decision.adapter) == (Mode.MIXTURE, "a")
-    assert decision.batch[:4] == decision.starving
-    assert decision.batch[4:] == ("a1", "a2", "a3", "a4") and decision.pause == ("a5", "a6")
+    # six a's keep running: two places left, for the two most starving
+    assert decision.admit == decision.starving[:2]
+    assert decision.batch == (*decision.starving[:2], "a1", "a2", "a3", "a4", "a5", "a6")
 
 
 def test_more_than_half_starving_turns_into_unmerge():
     decision = vlora(max_batch=8).decide(merged_workload(1.0, 1.0, 0.0, "bcdef"))
     assert len(decision.starving) == 5
     assert (decision.mode, decision.adapter) == (Mode.UNMERGE, None)
-    assert decision.batch[:5] == decision.starving
-    assert decision.batch[5:] == ("a1", "a2", "a3") and decision.pause == ("a4", "a5", "a6")
+    assert decision.admit == decision.starving[:2]
+    assert decision.batch == (*decision.starving[:2], "a1", "a2", "a3", "a4", "a5", "a6")
 
 
 @pytest.mark.parametrize(("count", "mode"), [(4, Mode.UNMERGE), (5, Mode.MERGE)])
@@ -91,11 +96,12 @@ def test_starving_requests_with_tighter_slo_go_first():
         req("x", "b", 0.0),  # no SLO, the largest credit
         req("y", "c", 0.3, slo=2.0),
         req("z", "d", 0.5, slo=0.5),
-        req("w", "e", 2.0, slo=0.1),  # not starving
+        req("w", "e", 2.0, slo=0.1),  # just arrived, but 0.28 s of work against a 0.1 s SLO
+        req("v", "f", 2.0, slo=1.0),  # just arrived, within its SLO and theta
     ]
     decision = vlora(max_batch=2).decide(state(2.0, waiting=waiting))
-    assert decision.starving == ("z", "y", "x")
-    assert decision.mode is Mode.UNMERGE and decision.batch == ("z", "y")
+    assert decision.starving == ("w", "z", "y", "x")
+    assert decision.mode is Mode.UNMERGE and decision.batch == ("w", "z")
 
 
 def test_equal_slos_order_by_credit():
@@ -166,3 +172,26 @@ def test_slower_switch_makes_requests_starve_sooner():
     slow_policy = make_policy("dlora", PolicyConfig(THETA, 4), cost_model(slow))
     assert fast_policy.decide(current).starving == ()
     assert slow_policy.decide(current).starving == ("b1",)
+
+
+def test_the_switch_budget_holds_a_switch_back_until_it_has_paid_for_itself():
+    """a merged with one request of a running; three of b arrive, so Algorithm 1 wants b
+    merged (a fused switch, 4.3 ms here). With a 10% budget the weights move only 43 ms
+    after the last switch; until then b's requests are admitted and run around a (mixture)."""
+    cost = cost_model()
+    b_requests = [req(f"b{i}", "b", 1.0) for i in (1, 2, 3)]
+
+    def decide(last_switch: float | None, busy: bool = True):
+        current = state(1.0, b_requests, [running("a1", "a", 0.9)] if busy else [], Mode.MERGE, "a")
+        current = dataclasses.replace(current, last_switch=last_switch)
+        return make_policy("vlora", PolicyConfig(THETA, 4, switch_budget=0.1), cost).decide(current)
+
+    fused = cost.switch_s((Mode.MERGE, "a"), (Mode.MERGE, "b"), {"a": 16, "b": 16})
+    assert fused == pytest.approx(0.0043)
+    held = decide(last_switch=1.0 - 0.9 * fused / 0.1)
+    assert (held.mode, held.adapter) == (Mode.MIXTURE, "a")
+    assert held.admit == ("b1", "b2", "b3")
+    moved = decide(last_switch=1.0 - 1.1 * fused / 0.1)
+    assert (moved.mode, moved.adapter, moved.admit) == (Mode.MIXTURE, "b", ("b1", "b2", "b3"))
+    idle_gpu = decide(last_switch=1.0, busy=False)  # nothing running: nothing to serve meanwhile
+    assert (idle_gpu.mode, idle_gpu.adapter) == (Mode.MERGE, "b")

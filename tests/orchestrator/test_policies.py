@@ -46,13 +46,31 @@ def test_a_name_registers_once():
         register_policy("vlora")(object)
 
 
-def test_merge_only_stays_merged_then_moves_to_the_starving_adapter():
+def test_merge_only_drains_the_merged_adapter_then_moves_to_the_starving_one():
     merge_only = policy("merge-only")
     calm = merge_only.decide(mixed_state(0.25))
     assert (calm.mode, calm.adapter) == (Mode.MERGE, "a") and "b1" not in calm.batch
+    # b1 starves, but a's requests are running and are never paused: merging b now would
+    # run them as mixture, which merge-only does not have. It admits nothing until they end.
     starving = merge_only.decide(mixed_state(0.5))
-    assert (starving.mode, starving.adapter, starving.batch) == (Mode.MERGE, "b", ("b1",))
-    assert starving.pause == ("a1", "a2", "a3", "a4", "a5", "a6")
+    assert (starving.mode, starving.adapter) == (Mode.MERGE, "a")
+    assert starving.batch == ("a1", "a2", "a3", "a4", "a5", "a6") and starving.admit == ()
+    drained = merge_only.decide(state(0.6, waiting=[req("b1", "b", 0.0)], mode=Mode.MERGE, merged="a"))
+    assert (drained.mode, drained.adapter, drained.batch) == (Mode.MERGE, "b", ("b1",))
+
+
+def test_dlora_drains_other_adapters_before_it_merges():
+    """Four a's and two b's running unmerged, a dominant: dLoRA admits only a's and
+    stays unmerged until the b's are done, so it never runs a mixture batch."""
+    dlora = policy("dlora", max_batch=7)
+    busy = [running("a1", "a"), running("a2", "a"), running("b1", "b"), running("b2", "b")]
+    waiting = [req("a3", "a", 0.1), req("a4", "a", 0.1), req("c1", "c", 0.1)]
+    draining = dlora.decide(state(0.2, waiting=waiting, running=busy))
+    assert (draining.mode, draining.adapter) == (Mode.UNMERGE, None)
+    assert draining.admit == ("a3", "a4")
+    only_a = [running(f"a{i}", "a") for i in range(1, 5)]
+    merged = dlora.decide(state(0.3, waiting=[req("c1", "c", 0.1)], running=only_a))
+    assert (merged.mode, merged.adapter, merged.admit) == (Mode.MERGE, "a", ())
 
 
 def test_merge_only_serves_the_base_model_on_clean_weights():
@@ -98,7 +116,9 @@ waiting = [req(f"w{i}", "aabac"[i % 5] if i % 7 else None, 0.2 * (i // 4), slo=(
 busy = [running(f"r{i}", "abc"[i % 3], 0.02 * i) for i in range(12)]
 for name in policy_names():
     for now, weights in ((0.3, (Mode.UNMERGE, None)), (0.9, (Mode.MERGE, "a")), (9.0, (Mode.MIXTURE, "b"))):
-        print(make_policy(name, PolicyConfig(1.0, 24, 4), cost_model()).decide(state(now, waiting, busy, *weights)))
+        for running_now in (busy, busy[::3]):  # busy[::3]: only a's
+            config = PolicyConfig(1.0, 24, 4)
+            print(make_policy(name, config, cost_model()).decide(state(now, waiting, running_now, *weights)))
 """
 
 

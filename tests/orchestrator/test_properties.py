@@ -61,8 +61,9 @@ def requests(draw, rid: str, now: float, adapters: list[str | None]) -> Request:
 
 
 @st.composite
-def states(draw) -> SchedulerState:
-    """Few adapters per state, so that one often dominates; waits comparable to theta."""
+def states(draw, switched: bool = False) -> SchedulerState:
+    """Few adapters per state, so that one often dominates; waits comparable to theta.
+    ``switched``: the weights may have changed recently (the switch budget applies)."""
     now = draw(st.floats(0.0, 10.0))
     adapters = draw(st.lists(st.sampled_from(ADAPTERS), min_size=1, max_size=4, unique=True))
     count = draw(st.integers(0, 20))
@@ -77,6 +78,7 @@ def states(draw) -> SchedulerState:
         mode,
         merged,
         RANKS,
+        last_switch=draw(st.none() | st.floats(now - 0.5, now)) if switched else None,
     )
 
 
@@ -88,39 +90,55 @@ configs = st.builds(
 )
 
 
-def slots_used(decision: Decision, by_id: dict[str, Request]) -> int:
-    adapters = {by_id[rid].adapter for rid in decision.batch}
-    if decision.adapter is not None:
-        adapters.add(decision.adapter)
+def slots_used(rids, adapter: str | None, by_id: dict[str, Request]) -> int:
+    adapters = {by_id[rid].adapter for rid in rids}
+    if adapter is not None:
+        adapters.add(adapter)
     return len(adapters)
 
 
+def mode_of_batch(decision: Decision, by_id: dict[str, Request]) -> Mode:
+    """The mode a batch runs in with the decision's weights."""
+    if decision.adapter is None:
+        return Mode.UNMERGE
+    if all(by_id[rid].adapter == decision.adapter for rid in decision.batch):
+        return Mode.MERGE
+    return Mode.MIXTURE
+
+
 @settings(max_examples=100, deadline=None)
-@given(name=st.sampled_from(policy_names()), state=states(), config=configs, cost=cost_models())
+@given(name=st.sampled_from(policy_names()), state=states(switched=True), config=configs, cost=cost_models())
 def test_decisions_are_well_formed(name, state, config, cost):
     decision = make_policy(name, config, cost).decide(state)
     by_id = {r.rid: r for r in state.requests}
-    running = {r.rid for r in state.running}
+    running = [r.rid for r in state.running]
 
-    assert len(decision.batch) <= config.max_batch
     assert len(set(decision.batch)) == len(decision.batch) and set(decision.batch) <= set(by_id)
-    if config.adapter_slots is not None and decision.batch:
-        assert slots_used(decision, by_id) <= config.adapter_slots
+    assert set(running) <= set(decision.batch), "a running request was left out (it cannot be paused)"
     assert decision.admit == tuple(rid for rid in decision.batch if rid not in running)
-    assert set(decision.pause) == running - set(decision.batch)
+    assert len(decision.batch) <= max(config.max_batch, len(running))
+    assert not decision.admit or len(decision.batch) <= config.max_batch
+    if config.adapter_slots is not None and decision.admit:
+        assert slots_used(decision.batch, decision.adapter, by_id) <= max(
+            config.adapter_slots, slots_used(running, decision.adapter, by_id)
+        )
+    assert decision.mode is mode_of_batch(decision, by_id) if decision.batch else True
     assert (decision.mode is Mode.UNMERGE) == (decision.adapter is None)
-    if decision.mode is Mode.MERGE:
-        assert all(by_id[rid].adapter == decision.adapter for rid in decision.batch)
     if state.requests:
         assert decision.batch, "a policy left the GPU idle with requests waiting"
     for r in state.requests:
         assert decision.credits[r.rid] >= state.now - r.arrival
-        assert (r.rid in decision.starving) == (decision.credits[r.rid] > config.theta)
+        threshold = config.theta if r.slo is None else min(config.theta, r.slo)
+        assert (r.rid in decision.starving) == (decision.credits[r.rid] > threshold)
 
 
 @settings(max_examples=100, deadline=None)
 @given(
-    name=st.sampled_from(policy_names()), state=states(), config=configs, cost=cost_models(), data=st.data()
+    name=st.sampled_from(policy_names()),
+    state=states(switched=True),
+    config=configs,
+    cost=cost_models(),
+    data=st.data(),
 )
 def test_same_inputs_same_decision(name, state, config, cost, data):
     """What every TP rank relies on: a fresh policy on an equal state, in any list order, agrees."""
@@ -138,39 +156,46 @@ def test_same_inputs_same_decision(name, state, config, cost, data):
 @settings(max_examples=100, deadline=None)
 @given(name=st.sampled_from(NO_STARVATION_BOUND), state=states(), config=configs, cost=cost_models())
 def test_starving_requests_come_first_in_slo_order(name, state, config, cost):
+    """Starving requests lead the batch in SLO order, and a starving waiting request is
+    left out only when the running requests and more urgent starving ones fill the batch."""
     decision = make_policy(name, dataclasses.replace(config, adapter_slots=None), cost).decide(state)
-    starving = set(decision.starving)
-    head = decision.batch[: len(starving)]
-    if len(starving) <= config.max_batch:
-        assert set(head) == starving
-    else:
-        assert set(decision.batch) <= starving
-    slos = [
-        s.slo if s.slo is not None else math.inf
-        for s in (next(r for r in state.requests if r.rid == rid) for rid in head if rid in starving)
-    ]
+    by_id = {r.rid: r for r in state.requests}
+    starving_in_batch = [rid for rid in decision.starving if rid in decision.batch]
+    assert decision.batch[: len(starving_in_batch)] == tuple(starving_in_batch)
+    left_out = [rid for rid in decision.starving if rid not in decision.batch]
+    if left_out:
+        assert len(decision.batch) >= config.max_batch
+        first_left_out = decision.starving.index(left_out[0])
+        assert all(rid in decision.batch for rid in decision.starving[:first_left_out])
+    slos = [by_id[rid].slo if by_id[rid].slo is not None else math.inf for rid in starving_in_batch]
     assert slos == sorted(slos)
 
 
 @settings(max_examples=100, deadline=None)
 @given(state=states(), config=configs, cost=cost_models())
-def test_vlora_modes_follow_algorithm_1(state, config, cost):
+def test_vlora_weights_follow_algorithm_1(state, config, cost):
+    """Line 5 picks the weights (no switch budget applies: the states never switched);
+    the batch then runs merge or mixture by whether other adapters' requests are in it."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
         return
     starving = len(decision.starving)
-    counts = [sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None]
-    dominant = 2 * max(counts) > config.max_batch
-    if dominant and starving == 0:
-        expected = Mode.MERGE
-    elif dominant and 2 * starving <= config.max_batch:
-        expected = Mode.MIXTURE
-    else:
+    counts = {a: sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None}
+    dominant = 2 * max(counts.values()) > config.max_batch
+    expected = Mode.MERGE if dominant and starving == 0 else Mode.MIXTURE
+    if not (dominant and 2 * starving <= config.max_batch):
         expected = Mode.UNMERGE
-    event(f"mode {expected}")
-    assert decision.mode is expected
-    if expected is not Mode.UNMERGE:
-        assert sum(r.adapter == decision.adapter for r in state.requests) == max(counts)
+    event(f"Algorithm 1: {expected}, ran {decision.mode}")
+    if expected is Mode.UNMERGE:
+        assert decision.adapter is None
+    else:
+        assert counts[decision.adapter] == max(counts.values())
+        by_id = {r.rid: r for r in state.requests}
+        admitted_others = [rid for rid in decision.admit if by_id[rid].adapter != decision.adapter]
+        if expected is Mode.MERGE:
+            assert not admitted_others, "merge admits only the merged adapter's requests"
+        else:
+            assert set(admitted_others) <= set(decision.starving)
 
 
 @settings(max_examples=60, deadline=None)
@@ -214,6 +239,7 @@ def workloads(draw):
         theta=dt * draw(st.floats(0.0, 10.0)),
         max_batch=max_batch,
         adapter_slots=draw(st.none() | st.integers(len(adapters), 6)),
+        switch_budget=draw(st.floats(0.01, 1.0)),
     )
     return config, dt, arrivals
 
@@ -230,11 +256,16 @@ B_THEN_TWO_A = (
 @given(name=st.sampled_from(policy_names()), workload=workloads(), cost=cost_models())
 @example(name="vlora", workload=B_THEN_TWO_A, cost=cost_model())
 def test_no_request_waits_beyond_theta(name, workload, cost):
-    """Once ``now - arrival > theta`` a request runs in every iteration until it finishes,
-    so it first runs by ``arrival + theta + dt`` and ends by ``arrival + theta + out * dt``.
+    """Running requests are never paused. A waiting request is admitted at the first
+    decision after its credit exceeds its threshold (theta, or a tighter SLO) when the
+    batch has room for it (``max_batch`` minus the running requests and more urgent
+    starving ones) and an adapter slot; here every request fits, so once
+    ``now - arrival > theta`` a request runs in every iteration until it finishes: it
+    first runs by ``arrival + theta + dt`` and ends by ``arrival + theta + out * dt``.
 
     merge-only serves one adapter at a time and has no such bound; like every policy it
     keeps the GPU busy, so all requests end within the total work after the last arrival.
+    V-LoRA's weight changes while requests run keep to the switch budget.
     """
     config, dt, arrivals = workload
     bounded = name in NO_STARVATION_BOUND
@@ -246,7 +277,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
     live: dict[str, Request] = {}
     started: set[str] = set()
     finished: dict[str, int] = {}
-    mode, merged = Mode.UNMERGE, None
+    mode, merged, last_switch = Mode.UNMERGE, None, None
     last_arrival = max(step for step, *_ in arrivals)
     total_work = sum(out for _, _, _, out, _ in arrivals)
     for k in range(last_arrival + math.ceil(config.theta / dt) + total_work + 1):
@@ -262,6 +293,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
             mode,
             merged,
             RANKS,
+            last_switch=last_switch,
         )
         decision = policy.decide(state)
         overdue = {r.rid for r in live.values() if now - r.arrival > config.theta}
@@ -269,6 +301,12 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
             assert overdue <= set(decision.batch), (
                 f"step {k}: overdue {overdue - set(decision.batch)} left out"
             )
+        if decision.adapter != merged:
+            if name == "vlora" and state.running and last_switch is not None:
+                target = (Mode.UNMERGE, None) if decision.adapter is None else (Mode.MERGE, decision.adapter)
+                dwell = cost.switch_s(state.weights, target, RANKS) / config.switch_budget
+                assert now - last_switch >= dwell - 1e-12, f"step {k}: switched {now - last_switch:.4f} s after the last"
+            last_switch = now
         mode, merged = decision.mode, decision.adapter
         for rid in decision.batch:
             r = live[rid]

@@ -11,7 +11,6 @@ import pytest
 from tests.conftest import launch, stop
 from tests.server.reference import HFReference, assert_matches_reference, chat_text, parse_generation
 
-MAX_BATCH = 16
 ALL = ["a8", "b16", "c32", "d8"]
 
 
@@ -23,9 +22,10 @@ def orchestrated(tiny_assets, tmp_path_factory):
     srv = launch(
         model, adapters, tmp_path_factory.mktemp("orchestrated") / "server.log",
         # theta far above the run time: nothing starves, so the mode follows the workload mix.
+        # No --vlora-max-batch: the max batch is derived from the requests in flight.
         # Small prefill chunks: long prompts are chunked, and the chunked request is part of
         # the policy's running set.
-        ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
+        ["--max-loras-per-batch", "5", "--vlora-theta", "60",
          "--enable-metrics", "--chunked-prefill-size", "64"],
     )
     yield srv
@@ -75,10 +75,12 @@ def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     state = status(orchestrated)
     assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
     assert state["mode"] == "unmerge"  # the other adapters' requests ran last
+    # no --vlora-max-batch: the max batch is the peak in flight, here most of the 32 sent together
+    assert len(adapters) / 2 < state["orchestrator"]["max_batch"] <= len(adapters)
 
 
 def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
-    adapters = ALL * (MAX_BATCH // len(ALL))  # every adapter holds a quarter of the batch
+    adapters = ALL * 4  # every adapter holds a quarter of the requests
     random.Random(1).shuffle(adapters)
     ran = run_workload(orchestrated, reference, adapters)
     assert ran["merge"] == ran["mixture"] == 0 and ran["unmerge"] > 0, ran
@@ -107,12 +109,18 @@ def test_chunked_long_prompts_and_shared_prefixes_match_hf(orchestrated, referen
         assert_matches_reference(reference, parse_generation(body), text, None, adapter)
 
 
-def test_status_reports_the_policy_and_measured_costs(orchestrated):
+def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     report = status(orchestrated)["orchestrator"]
-    assert (report["policy"], report["theta_s"], report["max_batch"]) == ("vlora", 60.0, MAX_BATCH)
-    assert report["cost_model"]["source"] == "measured while serving"
-    assert report["cost_model"]["decode_step_s"]["unmerge"] > 0
+    assert (report["policy"], report["theta_s"], report["theta_source"]) == ("vlora", 60.0, "--vlora-theta")
+    assert report["max_batch_source"].startswith("peak of requests in flight")
+    costs = report["cost_model"]
+    assert costs["source"] == "measured while serving"
+    assert costs["decode_step_s"]["unmerge"] > 0 and costs["prefill_token_s"]["unmerge"] > 0
+    fit = costs["iteration_fits"]["unmerge"]
+    assert fit["samples"] > 0
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
+    assert sum(report["switches_by_kind"].values()) == report["switches"]
+    assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
 
 
 def test_metrics_carry_modes_switches_and_queues(orchestrated):

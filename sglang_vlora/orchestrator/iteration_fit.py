@@ -1,0 +1,113 @@
+"""An iteration's time as a line in its work: ``fixed + per_token * prefill tokens +
+per_request * decode requests``, fitted by non-negative least squares.
+
+Why a fit and not a ratio: an iteration has a fixed part (launches, sampling, the
+scheduler's own work, attention setup) that does not shrink with the tokens in it.
+Dividing a whole iteration by its prefill tokens charges that part to every token, which
+is small for a 1024-token prefill and absurd for a 5-token one (a prompt whose prefix the
+radix cache holds, the last chunk of a chunked prefill): that is how a per-token
+estimate of 0.02-0.05 s came out where the marginal cost is ~2e-5 s. The fit separates
+the two, and mixed batches (prefill chunks with decoding requests riding along) feed
+both terms.
+
+Pure Python (no numpy): three unknowns, so every subset of them is solved from the
+normal equations and the best non-negative solution is kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Sample = tuple[int, int, float]  # (prefill tokens, decode requests, seconds)
+
+# Subsets of (fixed, per_token, per_request), most informative first: on an exact tie
+# (e.g. every sample has the same prefill size) the per-token / per-request terms win
+# over the fixed one, so a constant workload still gets a marginal cost.
+_SUBSETS = [
+    (0, 1, 2), (1, 2), (0, 1), (0, 2), (1,), (2,), (0,),
+]
+_OUTLIER_MADS = 4.0  # a sample this many scaled median absolute residuals off is dropped
+
+
+@dataclass(frozen=True)
+class IterationFit:
+    """``seconds = fixed_s + prefill_token_s * tokens + decode_request_s * requests``."""
+
+    fixed_s: float
+    prefill_token_s: float
+    decode_request_s: float
+    samples: int  # samples the fit kept (outliers dropped)
+
+    def seconds(self, prefill_tokens: int, decode_requests: int) -> float:
+        return self.fixed_s + self.prefill_token_s * prefill_tokens + self.decode_request_s * decode_requests
+
+    @classmethod
+    def fit(cls, samples: Sequence[Sample]) -> IterationFit | None:
+        """Least squares with non-negative coefficients, refitted once without outliers
+        (an iteration that paid for a garbage collection or a late host). None without samples."""
+        if not samples:
+            return None
+        first = _nnls(samples)
+        residuals = [abs(s - first.seconds(t, r)) for t, r, s in samples]
+        # scaled median absolute residual; residuals within 0.1% of the mean time are
+        # rounding, never outliers
+        limit = max(_OUTLIER_MADS * 1.4826 * _median(residuals), 1e-3 * sum(s for *_, s in samples) / len(samples))
+        kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limit]
+        if len(kept) == len(samples) or len(kept) < 3:
+            return first
+        return _nnls(kept)
+
+
+def _nnls(samples: Sequence[Sample]) -> IterationFit:
+    rows = [(1.0, float(t), float(r)) for t, r, _ in samples]
+    ys = [s for _, _, s in samples]
+    scale = [max(abs(row[j]) for row in rows) or 1.0 for j in range(3)]
+    xs = [[row[j] / scale[j] for j in range(3)] for row in rows]
+    gram = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
+    moment = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(3)]
+    yy = sum(y * y for y in ys)
+    best: tuple[float, list[float]] | None = None
+    for subset in _SUBSETS:
+        coef = _solve([[gram[i][j] for j in subset] for i in subset], [moment[i] for i in subset])
+        if coef is None or min(coef) < 0:
+            continue
+        full = [0.0, 0.0, 0.0]
+        for i, c in zip(subset, coef, strict=True):
+            full[i] = c
+        # ||y - Xb||^2 = y'y - 2 b'X'y + b'X'Xb
+        sse = yy - 2 * sum(b * m for b, m in zip(full, moment, strict=True)) + sum(
+            full[i] * gram[i][j] * full[j] for i, j in itertools.product(range(3), repeat=2)
+        )
+        if best is None or sse < best[0] - 1e-12 * max(yy, 1e-30):
+            best = (sse, full)
+    coef = best[1] if best is not None else [0.0, 0.0, 0.0]
+    return IterationFit(coef[0] / scale[0], coef[1] / scale[1], coef[2] / scale[2], len(samples))
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None for a (near) singular system."""
+    n = len(rhs)
+    a = [row[:] + [b] for row, b in zip(matrix, rhs, strict=True)]
+    tolerance = 1e-10 * max(max(abs(v) for v in row[:n]) for row in a)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) <= tolerance:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            factor = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= factor * a[col][c]
+    out = [0.0] * n
+    for r in reversed(range(n)):
+        out[r] = (a[r][n] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out if all(math.isfinite(v) for v in out) else None
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -1,0 +1,113 @@
+"""Timing batches and switches from marks read only once done, on a simulated GPU stream
+(a fake clock): the overlap scheduler's host runs ahead of the device, idle gaps and
+switches fall between batches, and the fitted costs still come out right."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vlora.orchestrator import MeasuredCosts, Mode
+from sglang_vlora.orchestrator.timing import BatchTimer, Intervals
+from tests.orchestrator.test_measured_costs import BATCHES, TRUE, seconds
+
+
+class FakeStream:
+    """A device stream: work runs in order, each item after the previous one and not
+    before the host queued it. A mark is done once the device has reached it."""
+
+    def __init__(self) -> None:
+        self.host = 0.0  # the host's clock
+        self.device = 0.0  # when the device finishes what is queued so far
+        self.reads = 0
+
+    def queue(self, seconds: float) -> None:
+        self.device = max(self.device, self.host) + seconds
+
+    def mark(self) -> float:
+        self.device = max(self.device, self.host)
+        return self.device
+
+    def done(self, mark: float) -> bool:
+        self.reads += 1
+        return mark <= self.host
+
+    def seconds(self, start: float, end: float) -> float:
+        assert end <= self.host, "an interval was read before the device reached its end"
+        return end - start
+
+
+def serve(stream: FakeStream, timer: BatchTimer, costs: MeasuredCosts, host_step: float) -> None:
+    """An overlap scheduler: per iteration the host launches one batch and moves on
+    after ``host_step`` seconds of its own work, never waiting for the device except
+    through the pipeline depth of one batch (it reads the previous batch's results)."""
+    mode = Mode.UNMERGE
+    for i in range(120):
+        for (m, tokens, requests), value in timer.collect():
+            costs.record_iteration(m, tokens, requests, value)
+        if i == 40:  # the server went idle for 2 s: the batch before the gap is not timed
+            timer.interrupt()
+            stream.host = stream.device + 2.0
+        if i == 80:  # a weight switch of 3 ms on the same stream, between two batches
+            stream.queue(0.003)
+            timer.interrupt()
+            mode = Mode.MERGE
+        tokens, requests = BATCHES[i % len(BATCHES)]
+        timer.start((mode, tokens, requests))
+        previous_end = stream.device
+        stream.queue(seconds(mode, tokens, requests))
+        stream.host = max(stream.host + host_step, previous_end)  # waits for the previous batch
+
+
+@pytest.mark.parametrize("host_step", [0.0005, 0.002])
+def test_batches_timed_on_the_stream_fit_the_true_costs(host_step):
+    stream = FakeStream()
+    timer = BatchTimer(stream)
+    costs = MeasuredCosts(layers=28, refit_every=1)
+    serve(stream, timer, costs, host_step)
+    costs.snapshot()
+    for mode, (fixed, per_token, per_request) in TRUE.items():
+        fit = costs.fits[mode]
+        assert fit.prefill_token_s == pytest.approx(per_token, rel=1e-6)
+        assert fit.fixed_s == pytest.approx(fixed, rel=1e-6)
+        assert fit.decode_request_s == pytest.approx(per_request, rel=1e-6)
+    assert stream.reads > 0
+
+
+def test_a_host_bound_loop_is_charged_what_an_iteration_takes():
+    """When the host is slower than the device, a batch costs the host's iteration time:
+    that is what the requests in it wait for."""
+    stream = FakeStream()
+    timer = BatchTimer(stream)
+    got = []
+    for _ in range(5):
+        got += timer.collect()
+        timer.start("decode")
+        stream.queue(0.001)
+        stream.host += 0.004
+    got += timer.collect()
+    assert [value for _, value in got] == pytest.approx([0.004] * 4)
+
+
+def test_nothing_is_read_before_its_end_is_done():
+    stream = FakeStream()
+    timer = BatchTimer(stream)
+    timer.start("a")
+    stream.queue(0.010)
+    timer.start("b")  # a's end mark: the device gets there at 0.010
+    assert timer.collect() == []
+    stream.host = 0.009
+    assert timer.collect() == []
+    stream.host = 0.010
+    assert timer.collect() == [("a", pytest.approx(0.010))]
+
+
+def test_switch_intervals_are_read_once_done():
+    stream = FakeStream()
+    switches = Intervals(stream)
+    start = stream.mark()
+    stream.queue(0.0025)
+    switches.add(start, stream.mark(), ("merge", 64))
+    assert switches.collect() == []
+    stream.host = 1.0
+    assert switches.collect() == [(("merge", 64), pytest.approx(0.0025))]
+    assert switches.collect() == []
