@@ -214,8 +214,15 @@ def summarise(events: list[dict], decode: bool) -> dict:
         if e.get("ph") == "X" and str(e.get("name", "")).startswith("vlora."):
             if window[0] - 50_000 <= e["ts"] <= window[1]:
                 vlora[e["name"]] += e["dur"]
+    cpu: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation"):
+            if window[0] <= e["ts"] <= window[1]:
+                cpu[f'{e["cat"]}:{e["name"][:60]}'] += e["dur"]
     n = len(steps)
     return {
+        "window_us": window[1] - window[0],
+        "top_host_us_per_step": dict(sorted(((k, v / n) for k, v in cpu.items()), key=lambda kv: -kv[1])[:20]),
         "steps": n,
         "graph_replays_matched": graph_matched,
         "kernels_per_step": len(kernels) / n,

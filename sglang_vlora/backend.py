@@ -66,6 +66,28 @@ def segments_from_requests(
     return starts, lengths, slots
 
 
+def group_by_slot(
+    seq_lens: list[int], weight_indices: list[int]
+) -> tuple[list[int], list[int], list[int], list[int] | None]:
+    """Segments with one run per slot: ``(starts, lengths, slots, permutation)``.
+
+    Requests of one adapter that are not next to each other would each be a segment, and
+    every segment's kernel tile reads the adapter's weights again (a decode batch of 32
+    requests over 4 adapters: 32 reads of each weight instead of 4). When some slot has
+    several runs, the requests are stably sorted by slot and ``permutation`` lists the
+    token of each sorted position; else the tokens keep their order (None)."""
+    starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
+    if len(set(slots)) == len(slots):
+        return starts, lengths, slots, None
+    offsets = [0]
+    for seq_len in seq_lens:
+        offsets.append(offsets[-1] + seq_len)
+    order = sorted(range(len(seq_lens)), key=weight_indices.__getitem__)
+    permutation = [t for i in order for t in range(offsets[i], offsets[i + 1])]
+    starts, lengths, slots = segments_from_requests([seq_lens[i] for i in order], [weight_indices[i] for i in order])
+    return starts, lengths, slots, permutation
+
+
 class ATMMLoRABackend(BaseLoRABackend):
     """LoRA over work items; kernels chosen by :mod:`sglang_vlora.atmm.ops`."""
 
@@ -96,8 +118,10 @@ class ATMMLoRABackend(BaseLoRABackend):
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
         """Called once by SGLang's decode graph runner, before any capture."""
         max_tokens = max_bs_in_cuda_graph * num_tokens_per_req
+        # Segments are grouped by slot (group_by_slot): at most one per pool slot, so the
+        # items (and the kernels' grids) are bounded by the slots, not the batch size.
         self.graph_items = StaticWorkItems.allocate(
-            capacity=max_mode_items(max_bs_in_cuda_graph),
+            capacity=max_mode_items(min(max_bs_in_cuda_graph, self.max_loras_per_batch)),
             max_tokens=max_tokens,
             num_slots=self.max_loras_per_batch,
             device=self.device,
@@ -135,7 +159,7 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     def _prepare(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph: bool) -> None:
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
-        starts, lengths, slots = segments_from_requests(seq_lens, weight_indices)
+        starts, lengths, slots, permutation = group_by_slot(seq_lens, list(weight_indices))
         merged_slot = None
         controller = mode_hooks.controller()
         if controller is not None and controller.merged_uid is not None:
@@ -143,25 +167,28 @@ class ATMMLoRABackend(BaseLoRABackend):
             merged_slot = controller.merged_slot(lora_ranks, scalings)
         # Unmerged: one (+adapter) item per segment. Merged adapter k: mixture items
         # (k's tokens nothing, others +own -k, base-only -k).
-        items = mode_work_items(
-            starts, lengths, slots, lora_ranks, scalings, merged_slot,
-            device="cpu" if use_cuda_graph else self.device,
-        )
         if use_cuda_graph:
-            self._prepare_graph_batch(forward_batch, weight_indices, sum(seq_lens), lora_ranks, items)
+            items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
+            self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation)
             return
+        perm = None if permutation is None else self._on_device(permutation, torch.int64)
         self.use_graph_path = False
-        self.work_items = items
+        self.work_items = mode_work_items(
+            starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
+        )
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A host list on the device through pinned memory: the copy does not stall the host."""
+        pinned = torch.device(self.device).type == "cuda"
+        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=True)
 
     def _eager_batch_info(self, forward_batch, seq_lens, weight_indices, lora_ranks, scalings) -> LoRABatchInfo:
         """SGLang-side view of the batch (read by its layers and MoE/lm_head helpers)."""
         indptr = [0]
         for seq_len in seq_lens:
             indptr.append(indptr[-1] + seq_len)
-
-        def on_device(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        on_device = self._on_device
 
         return LoRABatchInfo(
             use_cuda_graph=False,
@@ -176,22 +203,19 @@ class ATMMLoRABackend(BaseLoRABackend):
             expected_tokens=indptr[-1],
         )
 
-    def _prepare_graph_batch(self, forward_batch, weight_indices, num_tokens: int, lora_ranks, items: WorkItems):
+    def _prepare_graph_batch(self, forward_batch, num_tokens: int, items: WorkItems, permutation) -> None:
         """Write the batch's items into the captured buffers, in place (SGLang calls
-        this outside capture: before capturing, and before every replay)."""
+        this outside capture: before capturing, and before every replay). Only the
+        items are written: this backend's graph kernels read nothing else of the batch."""
         static = self.graph_items
         if static is None:
             raise RuntimeError("init_decode_cuda_graph_batch_info must run before a graph batch")
-        if num_tokens > static.identity.numel():
-            raise RuntimeError(f"graph batch of {num_tokens} tokens exceeds the captured {static.identity.numel()}")
-        static.fill(items, num_tokens)
+        if num_tokens > static.max_tokens:
+            raise RuntimeError(f"graph batch of {num_tokens} tokens exceeds the captured {static.max_tokens}")
+        static.fill(items, num_tokens, permutation)
         batch_info = self.cuda_graph_batch_info
         batch_info.bs = forward_batch.batch_size
         batch_info.num_segments = forward_batch.batch_size
-        batch_info.weight_indices[: len(weight_indices)].copy_(
-            torch.tensor(weight_indices, dtype=torch.int32), non_blocking=True
-        )
-        batch_info.lora_ranks.copy_(torch.tensor(lora_ranks, dtype=torch.int32), non_blocking=True)
         self.use_graph_path = True
         self.work_items = None
         self.batch_info = batch_info
@@ -211,7 +235,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
             return ops.lora_shrink_static(x, weights, self.graph_items, stack_num, impl=self.impl)
-        return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
+        with torch.profiler.record_function("vlora.eager_lora"):
+            return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
     def run_lora_b_sgemm(
         self,
@@ -226,7 +251,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_expand_static(x, weights, self.graph_items, offsets, output, impl=self.impl)
-        return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
+        with torch.profiler.record_function("vlora.eager_lora"):
+            return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
     def run_qkv_lora(
         self,
@@ -264,7 +290,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_apply_static(x, lora_a, lora_b, self.graph_items, offsets, output, impl=self.impl)
-        return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
+        with torch.profiler.record_function("vlora.eager_lora"):
+            return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 
     @staticmethod
     def _output(base_output, x, offsets):

@@ -7,11 +7,13 @@ and accumulates into the base output, slice by slice. ``lora_apply`` does both.
 Implementations (``impl``): ``"torch"`` is the pure-torch path below, the reference
 every kernel is checked against; ``"triton"`` the Triton kernels
 (:mod:`sglang_vlora.atmm.triton_kernels`); ``"cuda"`` the CUDA C++ kernels
-(:mod:`sglang_vlora.atmm.cuda_ext`, bf16/fp16 only, built on first use). ``"auto"``
+(:mod:`sglang_vlora.atmm.cuda_ext`, bf16/fp16 only, built on first use); ``"cublas"``
+one cuBLAS GEMM per item and slice (:mod:`sglang_vlora.atmm.cublas_ops`). ``"auto"``
 (the default) runs the reference on CPU tensors and, on CUDA tensors, per op and shape
-what the adaptive-tiling table says (:mod:`sglang_vlora.atmm.tiling`): the CUDA kernel
-where the table entry records that it won (``"impl": "cuda"``) and the extension is
-available for the dtype, else the Triton kernel. Tile configs come from the same table.
+what the adaptive-tiling table says (:mod:`sglang_vlora.atmm.tiling`): cuBLAS or the
+CUDA kernel where the table entry records that it won (``"impl": "cublas"`` /
+``"cuda"``; the CUDA kernel only where the extension is available for the dtype), else
+the Triton kernel. Tile configs come from the same table.
 The ``*_static`` (CUDA-graph) entry points run the Triton kernels for every ``impl``
 but ``"torch"``; with ``"torch"``, and on CPU tensors outside Triton's interpreter, they
 run their graph-safe torch form (:mod:`sglang_vlora.atmm.static_items`).
@@ -33,11 +35,11 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import static_items
+from sglang_vlora.atmm import cublas_ops, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
-IMPLS = ("auto", "torch", "triton", "cuda")
+IMPLS = ("auto", "torch", "triton", "cuda", "cublas")
 CUDA_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -47,6 +49,8 @@ def _kernel_impl(t: torch.Tensor, impl: str) -> str | None:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "torch" or (impl == "auto" and not t.is_cuda):
         return None
+    if impl == "cublas":
+        return impl
     if impl == "cuda" and (not t.is_cuda or t.dtype not in CUDA_DTYPES):
         raise ValueError(f"impl='cuda' needs bfloat16/float16 CUDA tensors, got {t.dtype} on {t.device}")
     return impl
@@ -299,6 +303,8 @@ def _pick_shrink(x: torch.Tensor, k: int, n: int, m: int, impl: str):
     from sglang_vlora.atmm import tiling
 
     dev = _device_name(x)
+    if impl == "cublas":
+        return "cublas", None
     if impl == "cuda":
         return "cuda", tiling.cuda_shrink_config(dev, k, n, m)
     if impl == "auto":
@@ -314,6 +320,8 @@ def _pick_expand(output: torch.Tensor, n: int, s: int, r: int, m: int, impl: str
     from sglang_vlora.atmm import tiling
 
     dev = _device_name(output)
+    if impl == "cublas":
+        return "cublas", None
     if impl == "cuda":
         return "cuda", tiling.cuda_expand_config(dev, n, s, r, m)
     if impl == "auto":
@@ -360,6 +368,9 @@ def _launch_shrink(
     the CUDA kernel needs the eager items' host lengths for its grid)."""
     alloc = torch.zeros if zero_fill else torch.empty
     inter = alloc((rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    if which == "cublas":
+        cublas_ops.shrink(x, a_buffer, inter, items, num_slices)
+        return inter
     args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
             items.permutation, num_slices)
     if which == "cuda":
@@ -386,6 +397,9 @@ def _expand_kernel(
     num_slices = len(slice_offsets) - 1
     key = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
     which, cfg = _pick_expand(output, *key, impl)
+    if which == "cublas":
+        cublas_ops.expand(inter, b_buffer, output, items, slice_offsets)
+        return output
     args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
             items.layers, items.num_layers, items.ranks, items.permutation, slice_offsets)
     if which == "cuda":

@@ -9,9 +9,10 @@ replay, so a replay with another number of adapters, segments or items than at
 capture is still computed right (the failure mode of a grid sized from a host-side
 segment count at capture, which replays the captured count).
 
-All per-item fields and the rank table are views of one int32 buffer (``packed``;
-``scales`` is a float32 view of its int32 bits), so :meth:`fill` is one host-to-device
-copy into storage allocated once and never moved.
+All per-item fields, the rank table and the token permutation are views of one int32
+buffer (``packed``; ``scales`` is a float32 view of its int32 bits), so :meth:`fill` is
+one host-to-device copy, from pinned host memory (no stall of the host thread), into
+storage allocated once and never moved.
 
 :func:`shrink_torch` and :func:`expand_torch` are the pure-torch form of the static
 kernels: same buffers, same intermediate layout, fixed shapes only (no host read of a
@@ -22,7 +23,7 @@ device value), so they are graph-safe too. The ``*_static`` ops take them on CPU
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -41,12 +42,10 @@ class StaticWorkItems:
     row_starts: torch.Tensor  # int32 [capacity]
     layers: torch.Tensor  # int32 [capacity]
     ranks: torch.Tensor  # int32 [num_slots]
-    permutation: torch.Tensor  # int64 [max_tokens]
-    identity: torch.Tensor  # int64 [max_tokens], copied in when a batch has no permutation
+    permutation: torch.Tensor  # int32 [max_tokens]: token of each segment position
     max_layers: int
-    packed: torch.Tensor | None = None  # int32; the fields above (not the permutation) are views of it
+    packed: torch.Tensor | None = None  # int32; every field above is a view of it
     _stride: int = 0
-    _perm_is_identity: bool = field(default=True, repr=False)
 
     @classmethod
     def allocate(
@@ -59,15 +58,16 @@ class StaticWorkItems:
     ) -> StaticWorkItems:
         """Buffers for up to ``capacity`` items over ``max_tokens`` tokens, items in at
         most ``max_layers`` overlap layers (1 for plain unmerge, 2 for mixture mode)."""
-        if capacity < 1 or max_layers < 1:
-            raise ValueError("capacity and max_layers must be at least 1")
+        if capacity < 1 or max_layers < 1 or max_tokens < 1:
+            raise ValueError("capacity, max_tokens and max_layers must be at least 1")
         stride = -(-capacity // _ALIGN) * _ALIGN
-        packed = torch.zeros((_INT_FIELDS + 1) * stride + num_slots, dtype=torch.int32, device=device)
+        perm_at = (_INT_FIELDS + 1) * stride + -(-num_slots // _ALIGN) * _ALIGN
+        packed = torch.zeros(perm_at + max_tokens, dtype=torch.int32, device=device)
+        packed[perm_at:] = torch.arange(max_tokens, dtype=torch.int32)
 
         def view(k: int) -> torch.Tensor:
             return packed[k * stride : k * stride + capacity]
 
-        identity = torch.arange(max_tokens, dtype=torch.int64, device=device)
         return cls(
             seg_starts=view(0),
             seg_lens=view(1),
@@ -75,9 +75,8 @@ class StaticWorkItems:
             row_starts=view(3),
             layers=view(4),
             scales=view(5).view(torch.float32),
-            ranks=packed[(_INT_FIELDS + 1) * stride :],
-            permutation=identity.clone(),
-            identity=identity,
+            ranks=packed[(_INT_FIELDS + 1) * stride : (_INT_FIELDS + 1) * stride + num_slots],
+            permutation=packed[perm_at:],
             max_layers=max_layers,
             packed=packed,
             _stride=stride,
@@ -87,51 +86,56 @@ class StaticWorkItems:
     def capacity(self) -> int:
         return self.seg_lens.numel()
 
+    @property
+    def max_tokens(self) -> int:
+        return self.permutation.numel()
+
     def max_rows(self, num_tokens: int) -> int:
         """Static bound on shrink rows: each layer covers every token at most once."""
         return self.max_layers * num_tokens
 
-    def fill(self, items: WorkItems, num_tokens: int) -> None:
+    def fill(self, items: WorkItems, num_tokens: int, permutation: list[int] | None = None) -> None:
         """Write a batch's items into the buffers in place (one copy, no sync).
 
-        Reads only the host lists of ``items``. Call outside capture, before running
-        or replaying a graph captured for at least ``num_tokens`` tokens (the
-        batch's tokens; the graph's padded size may be larger). Entries past the
-        batch's item count are zeroed, so stale items of an earlier, larger batch
-        do nothing.
+        Reads only host lists: the items' and ``permutation`` (the token of each segment
+        position; None: the items' own permutation, read back to the host, or the identity). Call outside capture, before running or replaying
+        a graph captured for at least ``num_tokens`` tokens (the batch's tokens; the
+        graph's padded size may be larger). Entries past the batch's item count are
+        zeroed, so stale items of an earlier, larger batch do nothing.
         """
         n = items.num_items
+        if permutation is None and items.permutation is not None:
+            permutation = items.permutation.tolist()
         if n > self.capacity:
             raise ValueError(f"{n} work items exceed capacity {self.capacity}")
         if items.num_layers > self.max_layers:
             raise ValueError(f"{items.num_layers} overlap layers exceed {self.max_layers}")
-        if items.total_rows > self.max_rows(num_tokens) or num_tokens > self.identity.numel():
+        if items.total_rows > self.max_rows(num_tokens) or num_tokens > self.max_tokens:
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
         if len(items.ranks_host) != self.ranks.numel():
             raise ValueError("rank table size differs from the allocated number of slots")
+        if permutation is not None and len(permutation) > num_tokens:
+            raise ValueError(f"a permutation of {len(permutation)} tokens for a batch of {num_tokens}")
         row_starts, total = [], 0
         for seg_len in items.seg_lens_host:
             row_starts.append(total)
             total += seg_len
         pad = [0] * (self._stride - n)
         scale_bits = list(struct.unpack(f"{n}i", struct.pack(f"{n}f", *items.scales_host)))
-        values = (
-            items.seg_starts_host + pad
-            + items.seg_lens_host + pad
-            + items.slots_host + pad
-            + row_starts + pad
-            + (items.layers_host if items.layers_host is not None else [0] * n) + pad
-            + scale_bits + pad
-            + items.ranks_host
-        )
-        self.packed.copy_(torch.tensor(values, dtype=torch.int32), non_blocking=True)
-        if items.permutation is None:
-            if not self._perm_is_identity:
-                self.permutation.copy_(self.identity, non_blocking=True)
-                self._perm_is_identity = True
-        else:
-            self.permutation[: items.permutation.numel()].copy_(items.permutation, non_blocking=True)
-            self._perm_is_identity = False
+        slots_pad = [0] * (-len(items.ranks_host) % _ALIGN)
+        perm = permutation if permutation is not None else range(self.max_tokens)
+        values = [
+            *items.seg_starts_host, *pad,
+            *items.seg_lens_host, *pad,
+            *items.slots_host, *pad,
+            *row_starts, *pad,
+            *(items.layers_host if items.layers_host is not None else [0] * n), *pad,
+            *scale_bits, *pad,
+            *items.ranks_host, *slots_pad,
+            *perm,
+        ]
+        staging = torch.tensor(values, dtype=torch.int32, pin_memory=self.packed.is_cuda)
+        self.packed[: len(values)].copy_(staging, non_blocking=True)
 
 
 # ---- graph-safe torch path ----------------------------------------------------------------
@@ -146,7 +150,7 @@ def _layer_map(items: StaticWorkItems, m: int, layer: int):
     cover = (pos >= starts) & (pos < ends) & (items.layers.unsqueeze(1) == layer)  # [capacity, m]
     covered = cover.any(0)
     item = cover.to(torch.int32).argmax(0)  # items of one layer never overlap: at most one
-    token = torch.where(covered, items.permutation[:m], 0)
+    token = torch.where(covered, items.permutation[:m].long(), 0)
     return pos, covered, item, token
 
 

@@ -19,16 +19,20 @@ No table for the device, or no entry for the op: :func:`default_shrink` /
 :func:`default_expand`. Lookups are cached per (device, op, key), cost well under 2 us
 once warm and never touch the GPU.
 
-Two implementations. Every entry's ``config`` is the Triton kernel's best config; an
+Three implementations. Every entry's ``config`` is the Triton kernel's best config; an
 entry tuned with the CUDA C++ implementation too also has ``"cuda": {"config", "us"}``
 (a config of an instantiated CUDA tile, :data:`CUDA_SHRINK_TILES` /
-:data:`CUDA_EXPAND_TILES`) and ``"impl"``, the faster of the two. :func:`shrink_choice`
-/ :func:`expand_choice` return ``("cuda", cuda config)`` only where the entry says
-``impl == "cuda"``; an entry without ``impl`` (older tables) means Triton.
+:data:`CUDA_EXPAND_TILES`), one tuned with cuBLAS ``"cublas": {"us"}`` (one GEMM per
+item, no config), and ``"impl"``, the fastest. :func:`shrink_choice` /
+:func:`expand_choice` return ``("cuda", cuda config)`` or ``("cublas", None)`` only
+where the entry says so; an entry without ``impl`` (older tables) means Triton.
 
 Tables are JSON files in ``tables/`` named after ``torch.cuda.get_device_name()``
 (``_`` for anything but letters and digits); ``SGLANG_VLORA_ATMM_TABLE_DIR`` adds a
-directory searched first.
+directory searched first. A GPU without a table of its own takes the table of the
+same compute capability with the closest name (``"capability"`` in the table), and
+says so in the log; with none of its architecture it runs the untuned defaults and
+says that.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -45,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE_DIR = Path(__file__).parent / "tables"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -161,17 +167,65 @@ def table_filename(device_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json"
 
 
-def _table_paths(device_name: str) -> list[Path]:
+def _table_dirs() -> list[Path]:
     dirs = [Path(p) for p in os.environ.get("SGLANG_VLORA_ATMM_TABLE_DIR", "").split(":") if p]
-    return [d / table_filename(device_name) for d in [*dirs, TABLE_DIR]]
+    return [*dirs, TABLE_DIR]
 
 
 @functools.cache
 def load_table(device_name: str) -> dict[str, Any] | None:
-    """The first table found for ``device_name``, or None."""
-    for path in _table_paths(device_name):
+    """The first table found for ``device_name``; else the table of the GPU of the same
+    architecture (compute capability) whose name is closest (logged, once); else None
+    (untuned defaults, logged)."""
+    for d in _table_dirs():
+        path = d / table_filename(device_name)
         if path.is_file():
             return json.loads(path.read_text())
+    capability = _capability_of(device_name)
+    if capability is None:
+        return None
+    found = same_architecture_table(device_name, capability, _table_dirs())
+    if found is None:
+        logger.warning(
+            "sglang-vlora: no ATMM tiling table for %s (sm_%d%d) nor any GPU of its architecture: "
+            "untuned default tiles, which can be far slower in prefill; `make tune` writes one",
+            device_name, *capability,
+        )
+        return None
+    path, table = found
+    logger.warning(
+        "sglang-vlora: no ATMM tiling table for %s; using %s's (%s, same architecture sm_%d%d); "
+        "`make tune` writes one for this GPU",
+        device_name, table.get("device"), path.name, *capability,
+    )
+    return table
+
+
+def same_architecture_table(
+    device_name: str, capability: tuple[int, int], dirs: list[Path]
+) -> tuple[Path, dict[str, Any]] | None:
+    """Among the tables in ``dirs`` that record ``capability``, the one whose device name
+    shares the longest prefix with ``device_name`` (ties: the first path in order)."""
+    best: tuple[int, Path, dict] | None = None
+    for d in dirs:
+        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+            table = json.loads(path.read_text())
+            if tuple(table.get("capability") or ()) != tuple(capability):
+                continue
+            common = len(os.path.commonprefix([device_name, str(table.get("device", ""))]))
+            if best is None or common > best[0]:
+                best = (common, path, table)
+    return None if best is None else (best[1], best[2])
+
+
+def _capability_of(device_name: str) -> tuple[int, int] | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    for index in range(torch.cuda.device_count()):
+        if torch.cuda.get_device_name(index) == device_name:
+            return tuple(torch.cuda.get_device_capability(index))
     return None
 
 
@@ -219,21 +273,28 @@ def _cuda_entry(entry: dict | None) -> dict | None:
 
 
 @functools.lru_cache(maxsize=65536)
-def shrink_choice(device_name: str, k: int, n: int, m: int) -> tuple[str, ShrinkConfig]:
-    """``(impl, config)`` for ``impl="auto"``: ``"cuda"`` where the nearest entry says
-    the CUDA implementation won, else ``"triton"`` with :func:`shrink_config`."""
+def shrink_choice(device_name: str, k: int, n: int, m: int) -> tuple[str, ShrinkConfig | None]:
+    """``(impl, config)`` for ``impl="auto"``: ``("cublas", None)`` or ``("cuda",
+    config)`` where the nearest entry says that implementation won, else ``"triton"``
+    with :func:`shrink_config`."""
     entry = _lookup(device_name, "shrink", {"k": k, "n": n, "m": m})
     cuda = _cuda_entry(entry)
-    if entry and entry.get("impl", "triton") == "cuda" and cuda:
+    impl = entry.get("impl", "triton") if entry else "triton"
+    if impl == "cublas" and "cublas" in entry:
+        return "cublas", None
+    if impl == "cuda" and cuda:
         return "cuda", ShrinkConfig(**cuda["config"])
     return "triton", shrink_config(device_name, k, n, m)
 
 
 @functools.lru_cache(maxsize=65536)
-def expand_choice(device_name: str, n: int, s: int, r: int, m: int) -> tuple[str, ExpandConfig]:
+def expand_choice(device_name: str, n: int, s: int, r: int, m: int) -> tuple[str, ExpandConfig | None]:
     entry = _lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m})
     cuda = _cuda_entry(entry)
-    if entry and entry.get("impl", "triton") == "cuda" and cuda:
+    impl = entry.get("impl", "triton") if entry else "triton"
+    if impl == "cublas" and "cublas" in entry:
+        return "cublas", None
+    if impl == "cuda" and cuda:
         return "cuda", ExpandConfig(**cuda["config"])
     return "triton", expand_config(device_name, n, s, r, m)
 

@@ -4,8 +4,8 @@ Both kernels read only device tensors (segment starts and lengths, slots, scales
 row starts, layers, ranks, permutation) and static integers. Row tiles are
 scheduled flat: program ``t`` finds its item and row tile from a prefix sum of
 ``cdiv(seg_len, BLOCK_M)`` over the items (one vector load per program), so the grid
-needs only the static bound ``cdiv(row_bound, BLOCK_M) + n_items`` row tiles, however
-the rows are spread over items. Programs past the last tile, or whose tile lies
+needs only the static bound ``min(cdiv(row_bound, BLOCK_M) + n_items, row_bound)`` row
+tiles, however the rows are spread over items. Programs past the last tile, or whose tile lies
 outside their item's rank or slice, exit at once. A grid captured in a CUDA graph
 therefore stays correct at replay for any items written into the same buffers, as
 long as the bounds hold.
@@ -262,6 +262,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _row_tiles(row_bound: int, block_m: int, n_items: int) -> int:
+    """Static bound on the row tiles of items with at most ``row_bound`` rows in all:
+    each item adds at most one partial tile, and every tile holds at least one row."""
+    return min(_cdiv(row_bound, block_m) + n_items, row_bound)
+
+
 def _cap(n_items: int) -> int:
     """Vector width of the tile search: a power of two >= the item count."""
     return max(16, 1 << (n_items - 1).bit_length())
@@ -312,7 +318,7 @@ def launch_shrink(
         raise ValueError(f"shrink output must be [rows, {n_max}] with contiguous rows")
     k_dim = x.shape[1]
     n_tiles = _cdiv(n_max, config.block_n)
-    grid = ((_cdiv(row_bound, config.block_m) + n_items) * n_tiles, config.split_k)
+    grid = (_row_tiles(row_bound, config.block_m, n_items) * n_tiles, config.split_k)
     if config.split_k > 1:
         if grid[0] > COUNTER_SLOTS:
             raise ValueError(f"{grid[0]} split-K tiles exceed {COUNTER_SLOTS} counters")
@@ -390,7 +396,7 @@ def launch_expand(
     offs = [int(o) for o in slice_offsets] + [int(slice_offsets[-1])] * (4 - len(slice_offsets))
     max_width = max(offs[i + 1] - offs[i] for i in range(num_slices))
     n_tiles = _cdiv(max_width, config.block_n)
-    grid = ((_cdiv(row_bound, config.block_m) + n_items) * num_slices * n_tiles,)
+    grid = (_row_tiles(row_bound, config.block_m, n_items) * num_slices * n_tiles,)
     check_layer = num_layers > 1
     for layer in range(num_layers):
         _expand_kernel[grid](

@@ -13,11 +13,12 @@ Candidates compile in worker processes first (Triton's disk cache is shared), so
 timing loop in this process measures only. Timing: CUDA-graph replays of ``--reps``
 launches, median of ``--iters`` replays.
 
-With ``--impls triton cuda`` (the default) every shape the Triton search reached is
-also timed with the CUDA C++ implementation (its compiled tiles x split-K, one stage:
-warps and stages are part of a compiled tile), and the entry records both bests and the
+With ``--impls triton cuda cublas`` (the default) every shape the Triton search reached
+is also timed with the CUDA C++ implementation (its compiled tiles x split-K, one stage:
+warps and stages are part of a compiled tile) and with cuBLAS (one GEMM per item and
+slice, :mod:`sglang_vlora.atmm.cublas_ops`), and the entry records each best and the
 winner (``"impl"``, see :mod:`sglang_vlora.atmm.tiling`). If the CUDA extension cannot
-be built, the run says why and tunes Triton only.
+be built, the run says why and leaves it out.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from sglang_vlora.atmm import cuda_ext, tiling, triton_kernels
+from sglang_vlora.atmm import cublas_ops, cuda_ext, tiling, triton_kernels
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 # Layer shapes as (d_in, output widths of the stacked slices).
@@ -115,6 +116,10 @@ class Problem:
         implementations take the same arguments except the grid's rows: Triton a row
         bound, CUDA the exact row tiles of the items."""
         it = self.items
+        if impl == "cublas":
+            if self.shape[0] == "shrink":
+                return lambda: cublas_ops.shrink(self.x, self.a, self.inter, it, 1)
+            return lambda: cublas_ops.expand(self.inter, self.b, self.out, it, self.offsets)
         if impl == "cuda":
             module, rows = cuda_ext, cuda_ext.exact_row_tiles(it.seg_lens_host, cfg.block_m)
         else:
@@ -351,16 +356,38 @@ def search_cuda(
     return best
 
 
-def table_entry(shape: Shape, cfg: Any, us: float, cuda: tuple[Any, float] | None = None) -> dict:
-    """One table entry: the key, Triton's best ``config`` / ``us`` and, with a CUDA
-    result, ``"cuda": {"config", "us"}`` plus ``"impl"``, the faster implementation."""
+def search_cublas(shapes: list[Shape], reps: int, iters: int, log: Callable[[str], None]) -> dict[Shape, float]:
+    """Time the cuBLAS implementation (no configuration to search) on each shape."""
+    best: dict[Shape, float] = {}
+    for shape in shapes:
+        problem = Problem(shape)
+        us = time_candidate(problem, None, reps, iters, "cublas")
+        del problem
+        if math.isfinite(us):
+            best[shape] = us
+            log(f"{shape[:5]} cublas {us:.2f} us")
+    return best
+
+
+def table_entry(
+    shape: Shape, cfg: Any, us: float, cuda: tuple[Any, float] | None = None, cublas_us: float | None = None
+) -> dict:
+    """One table entry: the key, Triton's best ``config`` / ``us``, with a CUDA result
+    ``"cuda": {"config", "us"}``, with a cuBLAS one ``"cublas": {"us"}``, and then
+    ``"impl"``, the fastest implementation."""
     fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
     entry = {**dict(zip(fields, shape[1 : 1 + len(fields)], strict=True)), "config": asdict(cfg)}
     entry["us"] = round(us, 3)
+    timed = {"triton": us}
     if cuda is not None:
         cuda_cfg, cuda_us = cuda
         entry["cuda"] = {"config": asdict(cuda_cfg), "us": round(cuda_us, 3)}
-        entry["impl"] = "cuda" if cuda_us < us else "triton"
+        timed["cuda"] = cuda_us
+    if cublas_us is not None:
+        entry["cublas"] = {"us": round(cublas_us, 3)}
+        timed["cublas"] = cublas_us
+    if len(timed) > 1:
+        entry["impl"] = min(timed, key=timed.get)
     return entry
 
 
@@ -370,12 +397,13 @@ def write_table(
     meta: dict,
     merge: bool = False,
     cuda_best: dict[Shape, tuple[Any, float]] | None = None,
+    cublas_best: dict[Shape, float] | None = None,
 ) -> int:
     """Write the table, one entry per line; with ``merge`` keep the entries of an
     existing table at ``path`` whose keys this run did not tune. ``cuda_best`` adds
     the CUDA implementation's results (entries of shapes in ``best`` only). Returns
     the count."""
-    cuda_best = cuda_best or {}
+    cuda_best, cublas_best = cuda_best or {}, cublas_best or {}
     entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}}
     if merge and path.is_file():
         old = json.loads(path.read_text())
@@ -387,7 +415,7 @@ def write_table(
             for e in old.get(op, []):
                 entries[op][tuple(e[f] for f in fields)] = e
     for shape, (cfg, us) in best.items():
-        entry = table_entry(shape, cfg, us, cuda_best.get(shape))
+        entry = table_entry(shape, cfg, us, cuda_best.get(shape), cublas_best.get(shape))
         fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
         entries[shape[0]][tuple(entry[f] for f in fields)] = entry
     text = json.dumps({**meta, "shrink": "@shrink", "expand": "@expand"}, indent=1)
@@ -444,8 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--impls",
         nargs="+",
-        default=["triton", "cuda"],
-        choices=["triton", "cuda"],
+        default=["triton", "cuda", "cublas"],
+        choices=["triton", "cuda", "cublas"],
         help="implementations to time (Triton always: its config is every entry's fallback)",
     )
     ap.add_argument(
@@ -479,7 +507,12 @@ def main(argv: list[str] | None = None) -> None:
             wins = sum(1 for sh, (_, us) in cuda_best.items() if us < best[sh][1])
             print(f"cuda: tuned {len(cuda_best)} shapes, faster than Triton on {wins}")
         else:
-            print("cuda: the extension is unavailable (see the warning above); tuning Triton only")
+            print("cuda: the extension is unavailable (see the warning above); not timed")
+    cublas_best: dict[Shape, float] = {}
+    if "cublas" in args.impls:
+        cublas_best = search_cublas([sh for sh in shapes if sh in best], args.reps, args.iters, log)
+        wins = sum(1 for sh, us in cublas_best.items() if us < best[sh][1])
+        print(f"cublas: timed {len(cublas_best)} shapes, faster than Triton on {wins}")
     import triton
 
     run = {
@@ -489,15 +522,15 @@ def main(argv: list[str] | None = None) -> None:
         "triton": triton.__version__,
         "dtype": "bfloat16",
         "ops": args.ops,
-        "impls": args.impls if cuda_best else ["triton"],
+        "impls": ["triton", *(["cuda"] if cuda_best else []), *(["cublas"] if cublas_best else [])],
         "layers": [[d, list(w)] for d, w in layers],
         "ranks": args.ranks,
         "tokens": tokens,
         "budget_s": args.budget_s,
     }
-    meta = {"device": name, "runs": [run]}
+    meta = {"device": name, "capability": list(torch.cuda.get_device_capability(0)), "runs": [run]}
     path = args.out or tiling.TABLE_DIR / tiling.table_filename(name)
-    count = write_table(best, path, meta, args.merge, cuda_best)
+    count = write_table(best, path, meta, args.merge, cuda_best, cublas_best)
     print(f"tuned {len(best)} shapes in {run['seconds']} s; {count} entries in {path}")
 
 

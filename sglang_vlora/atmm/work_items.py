@@ -67,6 +67,15 @@ class WorkItems:
     def num_items(self) -> int:
         return len(self.slots_host)
 
+    @property
+    def row_starts_host(self) -> list[int]:
+        """Host copy of ``row_starts``: the running sum of the segment lengths."""
+        starts, total = [], 0
+        for seg_len in self.seg_lens_host:
+            starts.append(total)
+            total += seg_len
+        return starts
+
 
 def build_work_items(
     seg_starts: Sequence[int],
@@ -103,14 +112,16 @@ def build_work_items(
         total += seg_len
     layers = assign_layers(starts, lens)
 
+    pinned = torch.device(device).type == "cuda"  # pinned host memory: the copy never stalls the host
+
     def int_tensor(values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(values), dtype=torch.int32).to(device, non_blocking=True)
+        return torch.tensor(list(values), dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
 
     return WorkItems(
         seg_starts=int_tensor(starts),
         seg_lens=int_tensor(lens),
         slots=int_tensor(item_slots),
-        scales=torch.tensor(item_scales, dtype=torch.float32).to(device, non_blocking=True),
+        scales=torch.tensor(item_scales, dtype=torch.float32, pin_memory=pinned).to(device, non_blocking=True),
         row_starts=int_tensor(row_starts),
         ranks=int_tensor([int(r) for r in ranks]),
         permutation=permutation,

@@ -161,3 +161,38 @@ def test_cuda_candidates_and_defaults_are_compiled_tiles() -> None:
         assert cands and all(tiling.is_cuda_config(c) for c in cands)
         assert tiling.is_cuda_config(tiling.default_cuda_expand(n, s, r, m))
     assert not tiling.is_cuda_config(ShrinkConfig(16, 16, 64, 1))
+
+
+def test_impl_field_picks_cublas(tmp_path, monkeypatch) -> None:
+    name = "Test GPU 9002"
+    shrink = [{**_entry("shrink", ShrinkConfig(64, 64, 64, 1), k=3584, n=64, m=1024), "impl": "cublas",
+               "cublas": {"us": 5.0}}]
+    expand = [{**_entry("expand", ExpandConfig(64, 128, 32), n=4608, s=3, r=64, m=1024), "impl": "triton",
+               "cublas": {"us": 9.0}}]
+    (tmp_path / tiling.table_filename(name)).write_text(json.dumps({"device": name, "shrink": shrink,
+                                                                    "expand": expand}))
+    monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
+    tiling.clear_caches()
+    try:
+        assert tiling.shrink_choice(name, 3584, 64, 1024) == ("cublas", None)
+        assert tiling.expand_choice(name, 4608, 3, 64, 1024) == ("triton", ExpandConfig(64, 128, 32))
+    finally:
+        tiling.clear_caches()
+
+
+def test_same_architecture_table_is_the_closest_name(tmp_path) -> None:
+    for device, cap in (("NVIDIA H100 80GB HBM3", [9, 0]), ("NVIDIA A100-SXM4-80GB", [8, 0]),
+                        ("NVIDIA GH200 480GB", [9, 0])):
+        (tmp_path / tiling.table_filename(device)).write_text(
+            json.dumps({"device": device, "capability": cap, "shrink": [], "expand": []}))
+    (tmp_path / "no_capability.json").write_text(json.dumps({"device": "NVIDIA H2", "shrink": []}))
+    path, table = tiling.same_architecture_table("NVIDIA H200", (9, 0), [tmp_path])
+    assert table["device"] == "NVIDIA H100 80GB HBM3" and path.name == "NVIDIA_H100_80GB_HBM3.json"
+    assert tiling.same_architecture_table("NVIDIA A100 40GB", (8, 0), [tmp_path])[1]["capability"] == [8, 0]
+    assert tiling.same_architecture_table("NVIDIA B200", (10, 0), [tmp_path]) is None
+
+
+def test_shipped_tables_record_their_architecture() -> None:
+    for path in tiling.TABLE_DIR.glob("*.json"):
+        cap = json.loads(path.read_text()).get("capability")
+        assert isinstance(cap, list) and len(cap) == 2, path.name

@@ -63,3 +63,18 @@ def test_write_table_records_the_winning_impl(tmp_path) -> None:
     assert ShrinkConfig(**by_m[16]["config"]) == ShrinkConfig(16, 32, 64, 8)  # Triton's best kept
     assert "impl" not in by_m[32] and "cuda" not in by_m[32]  # no CUDA timing: reads as Triton
     assert table["expand"][0]["impl"] == "triton"
+
+
+def test_write_table_picks_the_fastest_of_three_impls(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    s1, s2 = ("shrink", 3584, 64, 1024), ("shrink", 3584, 64, 8)
+    best = {s1: (ShrinkConfig(64, 64, 64, 1), 9.0), s2: (ShrinkConfig(16, 64, 128, 4), 3.0)}
+    cuda_best = {s1: (ShrinkConfig(64, 64, 64, 1, 4, 3), 8.0)}
+    cublas_best = {s1: 6.5, s2: 7.0}
+    tune.write_table(best, path, {"device": "X", "capability": [9, 0], "runs": []}, cuda_best=cuda_best,
+                     cublas_best=cublas_best)
+    table = json.loads(path.read_text())
+    by_m = {e["m"]: e for e in table["shrink"]}
+    assert by_m[1024]["impl"] == "cublas" and by_m[1024]["cublas"]["us"] == 6.5
+    assert by_m[8]["impl"] == "triton" and by_m[8]["cublas"]["us"] == 7.0
+    assert table["capability"] == [9, 0]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_vlora.backend import ATMMLoRABackend, segments_from_requests
+from sglang_vlora.backend import ATMMLoRABackend, group_by_slot, segments_from_requests
 from sglang_vlora.modes import mode_hooks
 from sglang_vlora.modes.delora import max_mode_items
 
@@ -119,11 +119,12 @@ GRAPH_BS = 8
 # (label, merged slot, request slots, items) replayed in order after a base-only
 # capture. Slot 2 (rank 16) is the merged adapter; ranks 0 / 8 / 16 / 4 mix in a batch.
 REPLAYS = [
-    ("unmerge: more items than captured", None, [1, 3, 3, 2, 0, 1, 2, 1], 6),
-    ("mixture: the most items (capacity), two layers", 2, [1, 2, 3, 2, 1, 2, 3, 1], GRAPH_BS + 1),
+    ("unmerge: requests of one adapter apart, grouped by slot", None, [1, 3, 3, 2, 0, 1, 2, 1], 3),
+    ("mixture: grouped, k between the others, two layers", 2, [1, 2, 3, 2, 1, 2, 3, 1], 4),
+    ("mixture: every slot, the most items", 2, [1, 0, 2, 3], 4),
     ("mixture: fewer items, stale entries left from the batch before", 2, [3, 0, 2], 2),
     ("merge: only the merged adapter's requests, no items", 2, [2, 2, 2, 2, 2], 0),
-    ("mixture: base-only requests (-k only)", 2, [0, 0, 2, 0], 2),
+    ("mixture: base-only requests (-k only)", 2, [0, 0, 2, 0], 1),
     ("unmerge: one request", None, [3], 1),
     ("unmerge: base only, no items", None, [0] * GRAPH_BS, 0),
 ]
@@ -158,7 +159,7 @@ def test_graph_path_replays_any_mode_and_item_count(monkeypatch, kind, impl):
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
     static = backend.graph_items
-    assert static.capacity == max_mode_items(GRAPH_BS) and static.max_layers == 2
+    assert static.capacity == max_mode_items(len(SLOTS_RANKS)) and static.max_layers == 2
     buffers = (static.packed.data_ptr(), static.permutation.data_ptr())
 
     # Capture: SGLang prepares a padded, base-only batch (no items), then captures.
@@ -224,6 +225,16 @@ def test_graph_items_fit_every_batch_in_every_mode(monkeypatch):
 def test_segments_group_consecutive_requests_only():
     starts, lengths, slots = segments_from_requests([2, 3, 1, 4], [1, 1, 2, 1])
     assert (starts, lengths, slots) == ([0, 5, 6], [5, 1, 4], [1, 2, 1])
+
+
+def test_group_by_slot_sorts_only_when_a_slot_has_several_runs():
+    assert group_by_slot([2, 3, 1], [1, 2, 3]) == ([0, 2, 5], [2, 3, 1], [1, 2, 3], None)
+    # slot 1 in two runs: stable sort by slot, tokens of each request kept together
+    starts, lengths, slots, perm = group_by_slot([2, 1, 3], [1, 2, 1])
+    assert (starts, lengths, slots) == ([0, 5], [5, 1], [1, 2])
+    assert perm == [0, 1, 3, 4, 5, 2]
+    # decode: one token per request
+    assert group_by_slot([1] * 5, [3, 1, 3, 1, 0])[2:] == ([0, 1, 3], [4, 1, 3, 0, 2])
 
 
 def test_embedding_and_lm_head_targets_are_refused():
