@@ -177,6 +177,10 @@ def rewrite(text: str, where: str, results_dir: Path = RESULTS) -> tuple[str, li
         name = match["name"]
         if name not in BLOCKS:
             return match[0]
+        missing = [f for f in BLOCKS[name].results if not (results_dir / f).exists()]
+        if missing:
+            problems.append(f"{where}: block {name!r} reads {missing}, not in {results_dir.name}/")
+            return match[0]
         return match["open"] + render(name, results_dir) + match["close"]
 
     return MARKER.sub(fill, text), problems
@@ -433,6 +437,10 @@ def switch_table(run: dict) -> str:
 # ---------------------------------------------------------------- fusion (bench/fusion.py)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _fusion_rollbacks(manifest: dict) -> str:
     parts = []
     for rejection in manifest["rejections"]:
@@ -451,7 +459,7 @@ def fusion_summary(run: dict) -> str:
         f"**{len(manifest['order'])} datasets -> {len(manifest['adapters'])} adapters**, "
         f"{sum(t['meets'] for t in entries)} of {len(entries)} tasks at or above their requirement on the "
         f"val split that drove the decisions and {sum(t['test_meets'] for t in entries)} of {len(entries)} on "
-        f"the held-out test split, {len(manifest['rejections'])} rollback(s), "
+        f"the held-out test split, {_count(len(manifest['rejections']), 'rollback')}, "
         f"{manifest['train_seconds']:.0f} s of training and evaluation."
     )
 
