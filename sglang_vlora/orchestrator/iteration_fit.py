@@ -5,8 +5,9 @@ Why a fit and not a ratio: an iteration has a fixed part (launches, sampling, th
 scheduler's own work, attention setup) that does not shrink with the tokens in it.
 Dividing a whole iteration by its prefill tokens charges that part to every token, which
 is small for a 1024-token prefill and absurd for a 5-token one (a prompt whose prefix the
-radix cache holds, the last chunk of a chunked prefill): that is how a per-token
-estimate of 0.02-0.05 s came out where the marginal cost is ~2e-5 s. The fit separates
+radix cache holds, the last chunk of a chunked prefill): that is how per-token
+estimates of hundredths of a second came out where the marginal cost is tens of
+microseconds. The fit separates
 the two, and mixed batches (prefill chunks with decoding requests riding along) feed
 both terms.
 
