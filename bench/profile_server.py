@@ -45,6 +45,7 @@ from bench import e2e_assets  # noqa: E402
 
 RANK = 64
 N_ADAPTERS = 4
+KV_TOKENS = 65536
 SYSTEMS = {
     "nolora": [],
     "csgmv": ["--lora-backend", "csgmv"],
@@ -88,9 +89,12 @@ def entry_point_dir(root: Path) -> Path:
 
 def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, log: Path,
                  mem_fraction: float, extra: list[str]) -> subprocess.Popen:
+    # Servers start at once: each one's free-memory reading may come after another loaded its
+    # weights, so the KV pool is sized in tokens and the fraction only has to pass SGLang's check.
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "dummy",
            "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", str(mem_fraction),
-           "--cuda-graph-max-bs-decode", "32", "--max-running-requests", "64", *GPU_FLAGS]
+           "--max-total-tokens", str(KV_TOKENS), "--cuda-graph-max-bs-decode", "32",
+           "--max-running-requests", "64", *GPU_FLAGS]
     if name != "nolora":
         cmd += ["--lora-paths", *[f"{n}={p}" for n, p in adapters.items()],
                 "--max-lora-rank", str(RANK), "--max-loras-per-batch", str(N_ADAPTERS)]
@@ -245,7 +249,7 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=int, default=2, help="profiled windows per scenario (the last is kept)")
-    ap.add_argument("--mem-fraction", type=float, default=0.0, help="per server; default: 0.8 / systems")
+    ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -255,7 +259,7 @@ def main() -> None:
     adapters = e2e_assets.adapter_pool(model, work / "adapters", N_ADAPTERS, [RANK], heads=False,
                                        dtype=__import__("torch").bfloat16)
     names = list(adapters)
-    fraction = args.mem_fraction or round(0.8 / len(args.systems), 3)
+    fraction = args.mem_fraction
     servers = {}
     for i, name in enumerate(args.systems):
         port = 31000 + i
