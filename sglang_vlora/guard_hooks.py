@@ -47,15 +47,41 @@ def check_request(tokenizer_manager, obj) -> None:
     request_check.check_custom_params(getattr(obj, "sampling_params", None))
     is_single = bool(obj.is_single)
     request_check.check_prompts(obj.text, obj.input_ids, is_single, int(tokenizer_manager.model_config.vocab_size))
-    if not is_single:
-        prompts = int(obj.batch_size) * int(getattr(obj, "parallel_sample_num", 1) or 1)
-        request_check.check_adapter_list(getattr(obj, "lora_path", None), is_single, prompts)
     tokens = getattr(getattr(tokenizer_manager, "mm_processor", None), "mm_tokens", None)
     if tokens is not None:
         placeholder = tokens.image_token if isinstance(tokens.image_token, str) else str(tokens.image_token)
         request_check.check_image_tokens(
             obj.text, getattr(obj, "image_data", None), is_single, tokens.image_token_regex, placeholder
         )
+
+
+def normalized_request_after(result, self, *args, **kwargs):
+    """AFTER ``GenerateReqInput.normalize_batch_and_arguments``: SGLang indexes ``lora_path``
+    per prompt right after this (an IndexError, a 500, for a short list)."""
+    if not self.is_single:
+        prompts = int(self.batch_size) * int(getattr(self, "parallel_sample_num", 1) or 1)
+        request_check.check_adapter_list(self.lora_path, False, prompts)
+    return result
+
+
+def contract_error_around(original, body):
+    """AROUND ``sglang.srt.entrypoints.api_contract.generate_contract_error``: SGLang's schema
+    error names the expected type but not the field ("invalid type: string "many", expected
+    i64"); prefix the field it is about, found by checking the fields one at a time."""
+    error = original(body)
+    if error is None or not isinstance(body, dict):
+        return error
+    for key, value in body.items():
+        if key == "sampling_params":
+            entries = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+            for i, entry in entries:
+                for name, item in entry.items() if isinstance(entry, dict) else ():
+                    if original({"sampling_params": {name: item}}) is not None:
+                        where = "sampling_params" if i is None else f"sampling_params[{i}]"
+                        return f"{where}.{name}: {error}"
+        if original({key: value}) is not None:
+            return f"{key}: {error}"
+    return error
 
 
 def load_image_around(original, *args, **kwargs):

@@ -112,6 +112,18 @@ def _guard_hooks() -> list[Hook]:
     lora_manager = "sglang.srt.lora.lora_manager.LoRAManager"
     return [
         Hook(
+            "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+            HookType.AFTER,
+            guard_hooks.normalized_request_after,
+            "a batch whose lora_path list is shorter than its prompts was a 500 (IndexError): a 400",
+        ),
+        Hook(
+            "sglang.srt.entrypoints.api_contract.generate_contract_error",
+            HookType.AROUND,
+            guard_hooks.contract_error_around,
+            "SGLang's /generate schema errors do not name the field: name it",
+        ),
+        Hook(
             f"{common}._load_image",
             HookType.AROUND,
             guard_hooks.load_image_around,
