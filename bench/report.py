@@ -236,11 +236,24 @@ def _kernel_rows(*runs: dict) -> list[dict]:
     return [row for run in runs for row in run["rows"]]
 
 
+def _methods(rows: list[dict]) -> list[str]:
+    """The methods the rows report, known ones first in :data:`KERNEL_METHODS` order (a new
+    method of bench/kernels.py shows under its own name)."""
+    seen = dict.fromkeys(m for r in rows for m in r["extra_pct"])
+    return [m for m in KERNEL_METHODS if m in seen] + [m for m in seen if m not in KERNEL_METHODS]
+
+
+def _extra(rows: list[dict], method: str) -> list[float]:
+    return [r["extra_pct"][method] for r in rows if method in r["extra_pct"]]
+
+
 def _best_triton(row: dict) -> float:
     return min(row["extra_pct"]["atmm"], row["extra_pct"]["atmm_overlap"])
 
 
 def _span(values: Sequence[float], unit: str = "%") -> str:
+    if not values:
+        return "-"
     low, high = min(values), max(values)
     return f"{low:.0f}{unit}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}{unit}"
 
@@ -271,18 +284,20 @@ def kernels_summary(proj: dict, slices: dict) -> str:
     """README: extra time over the base GEMM at rank 64, ranges over 1 and 4 adapters."""
     rows = _kernel_rows(proj, slices)
     rank64 = [r for r in rows if r["rank"] == 64]
+    methods = _methods(rows)
     lines = [
-        "| shape | mode | " + " | ".join(KERNEL_METHODS.values()) + " |",
-        "|---" * (2 + len(KERNEL_METHODS)) + "|",
+        "| shape | mode | " + " | ".join(KERNEL_METHODS.get(m, m) for m in methods) + " |",
+        "|---" * (2 + len(methods)) + "|",
     ]
     for shape, label, members in _kernel_groups(rank64):
-        spans = [_span([r["extra_pct"][m] for r in members]) for m in KERNEL_METHODS]
+        spans = [_span(_extra(members, m)) for m in methods]
         lines.append(f"| {KERNEL_SHAPES.get(shape, shape)} | {label} | " + " | ".join(spans) + " |")
     beats = sum(_best_triton(r) < min(r["extra_pct"][p] for p in PEERS) for r in rows)
     err = max(max(r["err"]["atmm"], r["err"]["atmm_overlap"]) for r in rows)
     prefill = [_best_triton(r) for r in rows if r["mode"] == "prefill"]
     proj_decode = [_best_triton(r) for r in rows if r["mode"] == "decode" and r["shape"] == "proj"]
-    cuda_slower = sum(r["extra_pct"]["atmm_cuda"] > r["extra_pct"]["atmm"] for r in rows)
+    with_cuda = [r for r in rows if "atmm_cuda" in r["extra_pct"]]
+    cuda_slower = sum(r["extra_pct"]["atmm_cuda"] > r["extra_pct"]["atmm"] for r in with_cuda)
     met = _targets_met(rows)
     lines += [
         "",
@@ -292,7 +307,7 @@ def kernels_summary(proj: dict, slices: dict) -> str:
         f"{_span(proj_decode)}; the targets (at most {TARGET_PCT['prefill']:.0f}% in prefill and "
         f"{TARGET_PCT['decode']:.0f}% in decode up to {DECODE_TARGET_TOKENS} tokens) are met in {met}. "
         f"The CUDA C++ implementation is slower than `lora_apply`'s Triton path in {cuda_slower} of "
-        f"{len(rows)} cells.",
+        f"{len(with_cuda)} cells where it ran.",
     ]
     return "\n".join(lines)
 
@@ -317,16 +332,19 @@ def _targets_met(rows: list[dict]) -> str:
 @block("kernels-rank64", "kernels_proj.json", "kernels_slices.json")
 def kernels_rank64(proj: dict, slices: dict) -> str:
     """docs/atmm.md: every rank-64 cell, extra time in % of the base GEMM, the best in bold."""
-    methods = list(KERNEL_METHODS)
+    rows = [r for r in _kernel_rows(proj, slices) if r["rank"] == 64]
+    methods = _methods(rows)
     lines = [
-        "| shape | mode | tokens | adapters | merged µs | " + " | ".join(f"{KERNEL_METHODS[m]} %" for m in methods)
+        "| shape | mode | tokens | adapters | merged µs | " + " | ".join(f"{KERNEL_METHODS.get(m, m)} %" for m in methods)
         + " | ATMM bf16 err |",
         "|---" * (6 + len(methods)) + "|",
     ]
-    for row in (r for r in _kernel_rows(proj, slices) if r["rank"] == 64):
-        best = min(row["extra_pct"][m] for m in methods)
+    for row in rows:
+        best = min(row["extra_pct"].values())
         cells = [
-            f"**{row['extra_pct'][m]:.0f}**" if row["extra_pct"][m] == best else f"{row['extra_pct'][m]:.0f}"
+            "-" if m not in row["extra_pct"]
+            else f"**{row['extra_pct'][m]:.0f}**" if row["extra_pct"][m] == best
+            else f"{row['extra_pct'][m]:.0f}"
             for m in methods
         ]
         lines.append(
@@ -345,7 +363,7 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
     ranks = sorted({r["rank"] for r in proj_rows})
 
     def span(method: str, mode: str, members: list[dict] = proj_rows) -> str:
-        return _span([r["extra_pct"][method] for r in members if r["mode"] == mode])
+        return _span(_extra([r for r in members if r["mode"] == mode], method))
 
     def best_peer(mode: str) -> str:
         return _span([min(r["extra_pct"][p] for p in PEERS) for r in proj_rows if r["mode"] == mode])
@@ -358,7 +376,8 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
         values = [r["extra_pct"]["atmm_overlap"] for r in small if r["shape"] == shape]
         met = sum(v <= TARGET_PCT["decode"] for v in values)
         decode.append(f"{shape} {_span(values)} (met in {met} of {len(values)} cells)")
-    faster_cuda = [r for r in rows if r["extra_pct"]["atmm_cuda"] <= r["extra_pct"]["atmm"]]
+    with_cuda = [r for r in rows if "atmm_cuda" in r["extra_pct"]]
+    faster_cuda = [r for r in with_cuda if r["extra_pct"]["atmm_cuda"] <= r["extra_pct"]["atmm"]]
     r64 = [r for r in proj_rows if r["rank"] == 64]
     lines = [
         f"Over ranks {ranks[0]}-{ranks[-1]} (proj): ATMM decode {span('atmm', 'decode')}, overlapped "
@@ -371,8 +390,8 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
         f"better Triton entry point). Decode (at most {TARGET_PCT['decode']:.0f}% up to "
         f"{DECODE_TARGET_TOKENS} tokens, overlapped entry point, all ranks): {'; '.join(decode)}.",
         "",
-        f"CUDA C++ (`atmm_cuda`) against `lora_apply`'s Triton path: slower in {len(rows) - len(faster_cuda)} "
-        f"of {len(rows)} cells (proj rank 64: decode {span('atmm_cuda', 'decode', r64)} vs "
+        f"CUDA C++ (`atmm_cuda`) against `lora_apply`'s Triton path: slower in {len(with_cuda) - len(faster_cuda)} "
+        f"of {len(with_cuda)} cells (proj rank 64: decode {span('atmm_cuda', 'decode', r64)} vs "
         f"{span('atmm', 'decode', r64)}, prefill {span('atmm_cuda', 'prefill', r64)} vs "
         f"{span('atmm', 'prefill', r64)}); as fast or faster in "
         + (
