@@ -41,12 +41,14 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # Benchmarks: each prints a table and writes JSON + PNG under bench/results/. The kernel and
-# mode-switch benchmarks need a GPU (they say so and exit without one); the end-to-end serving
-# benchmark runs its GPU scale (7B shape) on a GPU and its CPU scale (tiny model) without one.
+# mode-switch benchmarks need a GPU (they say so and exit without one). The end-to-end serving
+# benchmark runs a short call here (on a GPU: 7B shape, 3 systems, every client; without one: the
+# tiny CPU model) into .cache/bench/short/; the full one is a series of GPU calls (docs/bench.md).
 bench: install
 	$(PY) bench/kernels.py --check
 	$(PY) bench/switch.py
-	$(PY) bench/run_e2e.py --scale $(if $(HAS_GPU),gpu,cpu)
+	$(PY) bench/run_e2e.py run --call $(if $(HAS_GPU),short,cpu-smoke) --out .cache/bench/short --tag e2e_short
+	$(PY) bench/run_e2e.py report .cache/bench/short/e2e_short.json --out .cache/bench/short/e2e_short
 
 # Offline tiling search on this GPU; writes sglang_vlora/atmm/tables/<device>.json.
 tune: install

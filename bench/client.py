@@ -12,6 +12,8 @@ figures and count as SLO misses):
 
 * ``avg_token_latency_s``: sum of request latencies / total output tokens (paper §6.1);
 * ``latency_s`` / ``ttft_s``: mean, p50, p95, p99;
+* ``tpot_s``: time per output token after the first, ``(latency - ttft) / (tokens - 1)``,
+  over requests with more than one output token (mean, p50, p95, p99);
 * ``throughput``: output tokens/s and finished requests/s over the run's span (first send
   to last completion);
 * ``slo``: per application, the share of requests done within their SLO.
@@ -157,6 +159,7 @@ def metrics(results: Sequence[Result]) -> dict[str, Any]:
         "avg_token_latency_s": latency_sum / tokens if tokens else None,
         "latency_s": _stats([r.latency_s for r in ok]),
         "ttft_s": _stats([r.ttft_s for r in ok]),
+        "tpot_s": _stats([(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
         "span_s": span,
         "throughput": {
             "tokens_per_s": tokens / span if span > 0 else None,
@@ -171,11 +174,12 @@ def build_workload(args: argparse.Namespace) -> list[Request]:
     if args.workload == "retrieval":
         return workloads.visual_retrieval(
             args.adapters, args.rate, args.duration, skew=args.skew, seed=args.seed,
-            output_tokens=caps, max_requests=args.max_requests)
+            output_tokens=caps, max_requests=args.max_requests, image_sizes=args.image_sizes)
     if args.workload == "video":
         return workloads.video_analytics(
             args.adapters, args.streams, args.duration, seed=args.seed, head_adapters=args.head_adapters,
-            detection_stride=args.detection_stride, output_tokens=caps, max_requests=args.max_requests)
+            detection_stride=args.detection_stride, output_tokens=caps, max_requests=args.max_requests,
+            frame_size=args.frame_size)
     return workloads.trace_replay(
         args.trace, args.adapters, skew=args.skew, seed=args.seed, rate=args.rate, duration_s=args.duration,
         max_context_tokens=args.max_context_tokens, max_output_tokens=args.max_new_tokens,
@@ -194,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skew", type=float, default=0.6, help="share of the most requested adapter")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap every request's output tokens")
+    parser.add_argument("--image-sizes", nargs="+", type=int, default=list(workloads.IMAGE_SIZES),
+                        help="retrieval: image sides in px, multiples of 28")
+    parser.add_argument("--frame-size", type=int, default=workloads.FRAME_SIZE, help="video: frame side in px")
     parser.add_argument("--streams", type=int, default=1, help="video: cameras")
     parser.add_argument("--head-adapters", nargs="*", default=[], help="video: adapters answering through heads")
     parser.add_argument("--detection-stride", type=int, default=1, help="video: detect on every k-th frame")

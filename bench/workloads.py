@@ -4,12 +4,13 @@ A workload is a list of :class:`Request` (plain dataclasses, sorted by arrival t
 :mod:`bench.client` sends open-loop to SGLang's ``/generate``. Three generators:
 
 * :func:`visual_retrieval`: Poisson arrivals at ``rate`` requests/s; each request is one
-  image (a small PNG made here, 56 or 112 px) with a referring-expression, VQA or
-  captioning prompt from :mod:`sglang_vlora.prompts`; the adapter is drawn from a skewed
+  image (a PNG made here, 448 or 672 px by default: 256 or 576 visual tokens in Qwen2-VL)
+  with a referring-expression, VQA or captioning prompt from :mod:`sglang_vlora.prompts`; the adapter is drawn from a skewed
   popularity law (:func:`popularity`).
 * :func:`video_analytics`: ``streams`` cameras, each sending one chunk of 30 frames per
-  second; every ``detection_stride``-th frame becomes an object-detection request and the
-  chunk's 6 uniformly sampled frames one video-understanding request. Each stream is bound
+  second (448 px frames by default); every ``detection_stride``-th frame becomes an
+  object-detection request and the chunk's 6 uniformly sampled frames one
+  video-understanding request. Each stream is bound
   to one adapter (round-robin over the adapters); for adapters in ``head_adapters`` the
   video-understanding request asks for the adapter's task head
   (``custom_params {"vlora_head": true}``: one forward pass, 1 output token). Detection
@@ -66,7 +67,9 @@ OUTPUT_TOKENS = {
 }
 # End-to-end latency SLO per application, seconds. Video: a chunk must be done before the next one.
 SLO_S = {"visual_retrieval": 2.0, "video_analytics": 1.0, "trace": 5.0}
-IMAGE_SIZES = (56, 112)  # multiples of 28: Qwen2-VL's processor does not resize them
+# Multiples of 28 (Qwen2-VL's processor keeps them as they are): 448 px is 256 visual tokens, 672 px 576.
+IMAGE_SIZES = (448, 672)
+FRAME_SIZE = 448
 FRAMES_PER_CHUNK = 30
 UNDERSTANDING_FRAMES = 6
 
@@ -133,7 +136,7 @@ def make_image(rng: np.random.Generator, size: int) -> np.ndarray:
 
 def png_data_uri(pixels: np.ndarray) -> str:
     buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
+    Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)  # fast: hundreds per point
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -164,8 +167,12 @@ def visual_retrieval(
     output_tokens: Mapping[str, int] | None = None,
     slo_s: float | None = None,
     max_requests: int | None = None,
+    image_sizes: Sequence[int] = IMAGE_SIZES,
 ) -> list[Request]:
-    """Poisson arrivals of single-image retrieval requests (tasks drawn uniformly)."""
+    """Poisson arrivals of single-image retrieval requests (tasks drawn uniformly, image
+    sides drawn from ``image_sizes``). ``alpha`` 0 with ``skew`` 1/n is uniform popularity."""
+    if not image_sizes or any(s < 28 or s % 28 for s in image_sizes):
+        raise ValueError(f"image_sizes must be multiples of 28 px (Qwen2-VL's patch grid), got {image_sizes}")
     rng = np.random.default_rng(seed)
     shares = popularity(len(adapters), skew, alpha)
     lengths = _lengths(output_tokens)
@@ -179,7 +186,7 @@ def visual_retrieval(
             "vqa": {"question": _QUESTIONS[rng.integers(len(_QUESTIONS))]},
             "captioning": {},
         }[task]
-        image = png_data_uri(make_image(rng, IMAGE_SIZES[rng.integers(len(IMAGE_SIZES))]))
+        image = png_data_uri(make_image(rng, image_sizes[rng.integers(len(image_sizes))]))
         text, images = qwen2vl_text(build_messages(task, [image], **fields))
         requests.append(
             Request(
@@ -202,7 +209,7 @@ def video_analytics(
     seed: int = 0,
     head_adapters: Sequence[str] = (),
     detection_stride: int = 1,
-    frame_size: int = 56,
+    frame_size: int = FRAME_SIZE,
     output_tokens: Mapping[str, int] | None = None,
     slo_s: float | None = None,
     max_requests: int | None = None,

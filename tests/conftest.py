@@ -1,48 +1,27 @@
 """Session fixtures: the tiny Qwen2-VL and its adapters, built once from their seed, and
 one real SGLang server (``--plugin vlora``, CPU, three PEFT adapters) shared by every test
-that asks for it. The server's log is printed when such a test fails."""
+that asks for it. The server's log is printed when such a test fails.
+
+Servers are started by :mod:`sglang_vlora.server_process`, the launcher the end-to-end
+benchmark uses too; :func:`launch` adds the flags every CPU test server shares."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
+from sglang_vlora import server_process
+from sglang_vlora.server_process import ServerProcess as Server
+from sglang_vlora.server_process import free_port, stop
 from sglang_vlora.tiny_model import build_tiny_adapters, build_tiny_model
+
+__all__ = ["Server", "free_port", "launch", "stop"]
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / ".cache" / "tiny"
 START_TIMEOUT_S = 600
 MAX_LORA_RANK = 32
-
-
-@dataclass
-class Server:
-    url: str
-    log_path: Path
-    model_dir: Path
-    adapters: dict[str, Path]
-    process: subprocess.Popen
-
-    def log_tail(self, lines: int = 80) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -53,46 +32,13 @@ def tiny_assets() -> tuple[Path, dict[str, Path]]:
 
 
 def launch(model: Path, adapters: dict[str, Path], log_path: Path, extra: list[str]) -> Server:
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--plugin", "vlora",
-        "--model-path", str(model),
-        "--dtype", "float32",
-        "--lora-paths", *[f"{name}={path}" for name, path in sorted(adapters.items())],
-        "--max-lora-rank", str(MAX_LORA_RANK),
-        "--max-loras-per-batch", "4",
-        "--port", str(port),
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_VLORA", "SGLANG_USE_CPU"))}
-    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    log = open(log_path, "w")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", log_path, model, adapters, process)
-    deadline = time.time() + START_TIMEOUT_S
-    while time.time() < deadline:
-        if not server.alive():
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    stop(server)
-    raise RuntimeError(f"server did not start in {START_TIMEOUT_S}s:\n{server.log_tail()}")
-
-
-def stop(server: Server) -> None:
-    import signal
-
-    if server.alive():
-        os.killpg(server.process.pid, signal.SIGTERM)
-        try:
-            server.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.process.pid, signal.SIGKILL)
+    """A ``--plugin vlora`` float32 server on CPU with ``adapters`` (sorted by name) and the
+    ``extra`` flags last; raises RuntimeError with the log tail if it does not come up."""
+    adapters = dict(sorted(adapters.items()))
+    flags = ["--plugin", "vlora", "--dtype", "float32", "--max-lora-rank", str(MAX_LORA_RANK),
+             "--max-loras-per-batch", "4", *extra]
+    command = server_process.server_command(model, adapters, flags)
+    return server_process.launch(command, log_path, START_TIMEOUT_S, model_dir=model, adapters=adapters)
 
 
 @pytest.fixture(scope="session")

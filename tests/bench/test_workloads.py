@@ -44,7 +44,8 @@ def test_retrieval_requests_are_well_formed():
 @pytest.mark.parametrize("skew", [0.25, 0.6, 0.9])
 def test_most_requested_adapter_gets_its_share(skew):
     adapters = [f"x{i}" for i in range(8)]
-    reqs = workloads.visual_retrieval(adapters, rate=500, duration_s=8, skew=skew, seed=1, max_requests=3000)
+    reqs = workloads.visual_retrieval(adapters, rate=500, duration_s=8, skew=skew, seed=1, max_requests=3000,
+                                      image_sizes=(28,))
     counts = Counter(r.adapter for r in reqs)
     assert len(reqs) == 3000
     assert abs(counts["x0"] / len(reqs) - skew) < 0.03
@@ -53,6 +54,15 @@ def test_most_requested_adapter_gets_its_share(skew):
     assert shares.sum() == pytest.approx(1.0)
     assert np.all(np.diff(shares[1:]) < 0)
     assert counts.most_common(1)[0][0] == "x0"
+
+
+def test_uniform_popularity_and_image_sizes():
+    assert workloads.popularity(4, 0.25, alpha=0.0).tolist() == [0.25] * 4
+    with pytest.raises(ValueError, match="multiples of 28"):
+        workloads.visual_retrieval(ADAPTERS, rate=5, duration_s=1, image_sizes=(100,))
+    reqs = workloads.visual_retrieval(ADAPTERS, rate=20, duration_s=1, seed=0, image_sizes=(448,))
+    png = base64.b64decode(reqs[0].payload["image_data"].split(",", 1)[1])
+    assert Image.open(io.BytesIO(png)).size == (448, 448)  # 256 visual tokens in Qwen2-VL
 
 
 def test_popularity_rejects_bad_values():

@@ -1,0 +1,285 @@
+"""What the end-to-end benchmark runs: systems, points, scales and calls (pure Python).
+
+A *point* is one workload at one load (e.g. 1024 input / 64 output tokens at 8 req/s, Zipf
+alpha 2 over 4 adapters); a *measurement* is one point run once against one system's server;
+a *call* is what one GPU command runs: a few systems' servers started side by side, then
+every (repeat, point, system) measurement one at a time, in an order that rotates the
+systems between repeats so that no system always goes first. The report merges the results
+of any number of calls; every measurement of the same (system, point) is a repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from bench import workloads
+
+
+@dataclass(frozen=True)
+class System:
+    """One server configuration under test. ``lora``: adapters are loaded (every system but
+    the no-LoRA floor); ``plugin``: ``--plugin vlora`` with ``policy`` (None: the plugin's
+    defaults, as a user who sets nothing gets them)."""
+
+    name: str
+    about: str
+    plugin: bool = False
+    policy: str | None = None
+    lora_backend: str | None = None
+    lora: bool = True
+
+    @property
+    def needs_cuda(self) -> bool:
+        """Plain SGLang (no plugin) does not start on a CPU-only machine, and its triton /
+        csgmv LoRA kernels are Triton GPU kernels."""
+        return not self.plugin
+
+    def flags(self) -> list[str]:
+        args = ["--plugin", "vlora"] if self.plugin else []
+        if self.policy:
+            args += ["--vlora-policy", self.policy]
+        if self.lora_backend:
+            args += ["--lora-backend", self.lora_backend]
+        return args
+
+
+SYSTEMS = {s.name: s for s in (
+    System("nolora", "no LoRA at all: plain SGLang, no adapters loaded (the floor)", lora=False),
+    System("vlora", "V-LoRA (ours): `--plugin vlora` with its defaults (ATMM, Algorithm 1)", plugin=True),
+    System("csgmv", "SGLang `--lora-backend csgmv` (its default; Punica-like SGMV)", lora_backend="csgmv"),
+    System("triton", "SGLang `--lora-backend triton` (S-LoRA-like)", lora_backend="triton"),
+    System("unmerge_only", "`--plugin vlora --vlora-policy unmerge-only` (ATMM alone)", plugin=True,
+           policy="unmerge-only"),
+    System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
+           plugin=True, policy="merge-only"),
+    System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
+           "all; no mixture)", plugin=True, policy="dlora"),
+)}
+FLOOR = "nolora"
+NO_CUDA_REASON = (
+    "needs a CUDA GPU: plain SGLang (no --plugin vlora) does not start on a CPU-only machine "
+    "('No accelerator ... is available'), and its triton / csgmv LoRA kernels are Triton GPU kernels"
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One workload at one load. ``client``: ``sglang`` (SGLang's own serving benchmark,
+    random-ids text of ``input_len`` / ``output_len`` tokens, adapters by ``distribution``:
+    ``skewed`` = its Zipf-like law with ``zipf_alpha``, or ``uniform``), ``retrieval`` or
+    ``video`` (:mod:`bench.client`; adapters by :func:`bench.workloads.popularity` with
+    ``top_share`` and ``alpha``). Arrivals stop at ``requests`` or ``max_duration_s``."""
+
+    id: str
+    client: str
+    label: str
+    rate: float
+    requests: int
+    max_duration_s: float = 120.0
+    input_len: int = 0
+    output_len: int = 0
+    distribution: str = "skewed"
+    zipf_alpha: float = 2.0
+    top_share: float = 0.8
+    alpha: float = 1.0
+    image_sizes: tuple[int, ...] = workloads.IMAGE_SIZES
+    frame_size: int = workloads.FRAME_SIZE
+    streams: int = 2
+    detection_stride: int = 10
+    heads: bool = False
+    output_cap: int | None = None
+    only: tuple[str, ...] = ()  # systems that run it (empty: every system of the call)
+
+    def __post_init__(self) -> None:
+        if self.client not in ("sglang", "retrieval", "video"):
+            raise ValueError(f"point {self.id}: client must be sglang, retrieval or video, got {self.client!r}")
+        if self.rate <= 0 or self.requests < 1:
+            raise ValueError(f"point {self.id}: rate and requests must be > 0")
+        if self.client == "sglang" and (self.input_len < 1 or self.output_len < 1):
+            raise ValueError(f"point {self.id}: an sglang point needs input_len and output_len >= 1")
+        if self.distribution not in ("skewed", "uniform"):
+            raise ValueError(f"point {self.id}: distribution must be skewed or uniform")
+
+    @property
+    def arrivals_s(self) -> float:
+        """Expected seconds of arrivals."""
+        return min(self.max_duration_s, self.requests / self.rate)
+
+    def runs_on(self, system: str) -> bool:
+        return not self.only or system in self.only
+
+
+def _sglang(pid: str, label: str, n_in: int, n_out: int, dist: str = "skewed", **kw) -> Point:
+    return Point(pid, "sglang", label, rate=8.0, requests=400, input_len=n_in, output_len=n_out,
+                 distribution=dist, **kw)
+
+
+# The issue's workloads: 8 req/s, 400 requests (50 s of arrivals), 4 rank-64 q/k/v/o adapters.
+GPU_POINTS = {p.id: p for p in (
+    _sglang("sgl-prefill", "random-ids 1024 in / 1 out, Zipf 2", 1024, 1),
+    _sglang("sgl-decode", "random-ids 16 in / 64 out, Zipf 2", 16, 64),
+    _sglang("sgl-mixed", "random-ids 1024 in / 64 out, Zipf 2", 1024, 64),
+    _sglang("sgl-mixed-uniform", "random-ids 1024 in / 64 out, uniform", 1024, 64, dist="uniform"),
+    Point("vision-skewed", "retrieval", "retrieval, 448/672 px images, top adapter 80%", rate=8.0,
+          requests=400, top_share=0.8),
+    Point("vision-uniform", "retrieval", "retrieval, 448/672 px images, uniform", rate=8.0, requests=400,
+          top_share=0.25, alpha=0.0),
+    Point("video-lm", "video", "video, 2 streams, 6-frame understanding by LM decoding", rate=8.0,
+          requests=400),
+    Point("video-heads", "video", "video, 2 streams, 6-frame understanding by task heads", rate=8.0,
+          requests=400, heads=True, only=("vlora",)),
+)}
+# CPU: the tiny model, small images, short outputs; checks the harness, measures nothing.
+CPU_POINTS = {p.id: p for p in (
+    Point("sgl-mixed", "sglang", "random-ids 64 in / 4 out, Zipf 2", rate=8.0, requests=16, input_len=64,
+          output_len=4),
+    Point("vision-skewed", "retrieval", "retrieval, 56/112 px images, top adapter 80%", rate=8.0, requests=12,
+          image_sizes=(56, 112), output_cap=4),
+    Point("video-lm", "video", "video, 1 stream, LM decoding", rate=3.0, requests=8, frame_size=56, streams=1,
+          detection_stride=15, output_cap=4),
+    Point("video-heads", "video", "video, 1 stream, task heads", rate=3.0, requests=8, frame_size=56, streams=1,
+          detection_stride=15, output_cap=4, heads=True, only=("vlora",)),
+)}
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one command runs: ``systems`` side by side, ``points`` x ``repeats``."""
+
+    name: str
+    scale: str  # gpu | cpu
+    systems: tuple[str, ...]
+    points: tuple[str, ...]
+    repeats: int = 2
+    why: str = ""
+    scale_requests: float = 1.0  # shorter points (make bench's short run)
+
+
+CALLS = {c.name: c for c in (
+    Call("mixed-skewed", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-mixed",),
+         why="headline: ours vs SGLang's default and the floor, 1024/64, Zipf 2"),
+    Call("vision-skewed", "gpu", ("nolora", "vlora", "csgmv"), ("vision-skewed",),
+         why="vision-sized retrieval (256-576 visual tokens), top adapter 80%"),
+    Call("uniform", "gpu", ("vlora", "unmerge_only", "csgmv"), ("sgl-mixed-uniform",),
+         why="uniform popularity: ours within the spread of unmerge-only, never behind csgmv"),
+    Call("video", "gpu", ("vlora", "csgmv"), ("video-lm", "video-heads"),
+         why="video understanding on 6 frames: task heads vs LM decoding"),
+    Call("peers", "gpu", ("nolora", "triton", "unmerge_only"), ("sgl-mixed",),
+         why="SGLang's triton backend and ATMM alone on the headline workload"),
+    Call("policies", "gpu", ("nolora", "merge_only", "dlora_like"), ("sgl-mixed",),
+         why="the comparison policies on the headline workload"),
+    Call("prefill", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-prefill",), why="1024 in / 1 out"),
+    Call("decode", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-decode",), why="16 in / 64 out"),
+    Call("vision-uniform", "gpu", ("vlora", "unmerge_only", "csgmv"), ("vision-uniform",),
+         why="vision-sized retrieval, uniform popularity"),
+    Call("short", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-mixed", "vision-skewed"), repeats=1,
+         scale_requests=0.25, why="make bench on a GPU: every client, a quarter of the requests, once"),
+    Call("cpu-smoke", "cpu", ("nolora", "vlora", "unmerge_only", "csgmv"),
+         ("sgl-mixed", "vision-skewed", "video-lm", "video-heads"),
+         why="make bench without a GPU and the CI test: the harness end to end on the tiny model"),
+)}
+# The order in which the full benchmark's calls matter; run each twice for four repeats.
+FULL = ("mixed-skewed", "vision-skewed", "uniform", "video", "peers", "policies", "prefill", "decode",
+        "vision-uniform")
+
+
+def points_of(scale: str) -> dict[str, Point]:
+    if scale not in ("gpu", "cpu"):
+        raise ValueError(f"scale must be gpu or cpu, got {scale!r}")
+    return GPU_POINTS if scale == "gpu" else CPU_POINTS
+
+
+@dataclass(frozen=True)
+class Measurement:
+    system: str
+    point: str
+    repeat: int
+
+
+def get_call(name: str, systems: Sequence[str] = (), points: Sequence[str] = (),
+             repeats: int | None = None) -> Call:
+    """The call ``name`` with optional overrides; unknown names are refused with the choices."""
+    if name not in CALLS:
+        raise ValueError(f"--call {name!r} is not a call; choose one of {sorted(CALLS)}")
+    call = CALLS[name]
+    known = points_of(call.scale)
+    for s in systems:
+        if s not in SYSTEMS:
+            raise ValueError(f"--systems: {s!r} is not a system; choose from {sorted(SYSTEMS)}")
+    for p in points:
+        if p not in known:
+            raise ValueError(f"--points: {p!r} is not a {call.scale} point; choose from {sorted(known)}")
+    if repeats is not None and repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    return Call(call.name, call.scale, tuple(systems) or call.systems, tuple(points) or call.points,
+                repeats or call.repeats, call.why, call.scale_requests)
+
+
+def scaled(point: Point, factor: float) -> Point:
+    """``point`` with ``factor`` times its requests (at least 8)."""
+    if factor == 1.0:
+        return point
+    return replace(point, requests=max(8, round(point.requests * factor)))
+
+
+def order(call: Call, runnable: Sequence[str]) -> list[Measurement]:
+    """Every measurement of ``call`` on the ``runnable`` systems: repeat by repeat, point by
+    point, the systems rotated by one place per repeat (so no system is always first after
+    the previous one's load)."""
+    systems = [s for s in call.systems if s in runnable]
+    out = []
+    for r in range(call.repeats):
+        turn = systems[r % len(systems):] + systems[: r % len(systems)] if systems else []
+        for pid in call.points:
+            point = points_of(call.scale)[pid]
+            out += [Measurement(s, pid, r) for s in turn if point.runs_on(s)]
+    return out
+
+
+@dataclass
+class Setup:
+    """Model, adapters and the flags every server of a scale gets."""
+
+    scale: str
+    adapters: int
+    ranks: tuple[int, ...]
+    common_flags: list[str] = field(default_factory=list)
+    lora_flags: list[str] = field(default_factory=list)
+    start_timeout_s: float = 600.0
+    caveats: list[str] = field(default_factory=list)
+
+
+GPU_SETUP = Setup(
+    "gpu", adapters=4, ranks=(64,),
+    common_flags=["--load-format", "dummy", "--dtype", "bfloat16", "--attention-backend", "triton",
+                  "--sampling-backend", "pytorch", "--mm-attention-backend", "sdpa",
+                  "--max-total-tokens", "65536", "--sleep-on-idle"],
+    lora_flags=["--max-lora-rank", "64", "--max-loras-per-batch", "4"],
+    start_timeout_s=420.0,
+    caveats=[
+        "Model: Qwen2-VL-7B's shape (28 layers, hidden 3584, 32-layer ViT) with --load-format dummy: random "
+        "weights, so answers are meaningless; ignore_eos fixes every request's output length. The tokenizer is "
+        "the tiny model's (prompt token counts differ from Qwen2's tokenizer; random-ids prompts are exact).",
+        "Adapters: 4, rank 64 on q/k/v/o of every layer, bf16, random values; each carries a random "
+        "video-understanding head.",
+        "Not a production install (SGLang 0.5.23 run from its Python package on the device's torch): "
+        "SGLANG_FORCE_FUSED_OP_BACKEND=torch runs norms, activations and rotary as plain torch ops and a "
+        "stand-in sgl_kernel replaces sglang-kernel, so the base model is slower than in production and "
+        "LoRA's share of the time looks smaller. Compare systems with each other; quote absolute latencies "
+        "only with this caveat.",
+        "The servers of one call share the GPU (each holds its weights, a 65536-token KV cache and its "
+        "CUDA graphs); only the one being measured gets requests, the others sleep (--sleep-on-idle).",
+    ],
+)
+CPU_SETUP = Setup(
+    "cpu", adapters=4, ranks=(8, 16), common_flags=["--dtype", "float32"],
+    lora_flags=["--max-lora-rank", "16", "--max-loras-per-batch", "4"],
+    caveats=["CPU scale: a tiny random-weight Qwen2-VL on CPU with the torch reference paths. It checks the "
+             "harness end to end; its numbers say nothing about GPU serving."],
+)
+
+
+def setup_of(scale: str) -> Setup:
+    points_of(scale)
+    return GPU_SETUP if scale == "gpu" else CPU_SETUP

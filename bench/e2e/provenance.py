@@ -1,0 +1,180 @@
+"""Where a result comes from: the code's git revision (clean or not), the real versions of
+what ran, the device.
+
+The benchmark GPU machine gets a copy of the working tree, possibly without ``.git``, and a
+trimmed SGLang without ``dist-info`` (``importlib.metadata`` knows nothing of it). So:
+
+* versions are read from each package's own version module (``sglang/_version.py``, written
+  by its build), without importing the package;
+* the revision comes from git where there is a repository; else from a *stamp* written
+  beside the checkout before the tree is sent (``bench/run_e2e.py stamp``), which records
+  the revision, whether the code was clean, and a hash of the code files; the machine that
+  runs re-hashes the same files and reports ``dirty`` when they differ from the stamp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+STAMP = REPO / ".cache" / "bench" / "git_stamp.json"
+# The code a benchmark result depends on (results files and docs are not part of it).
+CODE_PATHS = ("sglang_vlora", "cuda", "bench", "pyproject.toml")
+CODE_SUFFIXES = (".py", ".sh", ".cu", ".cuh", ".cpp", ".h", ".json", ".toml", ".csv")
+_VERSION_RE = re.compile(r"^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
+
+
+def package_version(module: str, dist: str | None = None) -> dict[str, str | None]:
+    """``{"version", "source"}`` of an importable package: its distribution metadata, else
+    its ``_version.py`` / ``version.py`` / ``__init__.py`` read as text (never a fallback
+    string such as SGLang's ``0.0.0.dev0``, which only appears after an ``except``)."""
+    try:
+        return {"version": importlib.metadata.version(dist or module), "source": "dist-info"}
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return {"version": None, "source": "not importable"}
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for name in ("_version.py", "version.py", "__init__.py"):
+        path = root / name
+        if path.exists():
+            found = _VERSION_RE.search(path.read_text(errors="replace"))
+            if found:
+                return {"version": found.group(1), "source": str(Path(module) / name)}
+    return {"version": None, "source": f"no version in {root.name}/"}
+
+
+def versions() -> dict[str, Any]:
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for module, dist in (("torch", None), ("triton", None), ("sglang", None), ("transformers", None),
+                         ("sglang_vlora", "sglang-vlora")):
+        info = package_version(module, dist)
+        out[module] = info["version"]
+        out[f"{module}_source"] = info["source"]
+    if out["sglang_vlora"] is None:
+        found = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+        out.update(sglang_vlora=found.group(1) if found else None, sglang_vlora_source="pyproject.toml")
+    return out
+
+
+def code_files() -> list[str]:
+    """The code files (relative paths) as git sees them: tracked or untracked, not ignored."""
+    listed = _git("ls-files", "-co", "--exclude-standard", "--", *CODE_PATHS) or ""
+    return sorted(p for p in listed.splitlines()
+                  if p.endswith(CODE_SUFFIXES) and "/results/" not in p and (REPO / p).is_file())
+
+
+def code_hash(files: list[str]) -> str:
+    """sha256 over the files' paths and contents (a missing file counts as empty)."""
+    h = hashlib.sha256()
+    for rel in files:
+        path = REPO / rel
+        h.update(rel.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    if not shutil.which("git"):
+        return None
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state() -> dict[str, Any] | None:
+    """Revision and cleanliness from git (None without a repository). Dirty means a
+    modified or untracked, not ignored, code file (:data:`CODE_PATHS`)."""
+    rev = (_git("rev-parse", "HEAD") or "").strip()
+    if not rev:
+        return None
+    changed = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
+    paths = [line[3:] for line in changed.splitlines() if line.strip() and "/results/" not in line]
+    files = code_files()
+    return {"revision": rev, "dirty": bool(paths), "dirty_paths": paths[:20], "source": "git",
+            "files": files, "code_hash": code_hash(files)}
+
+
+def write_stamp(path: Path = STAMP) -> dict[str, Any]:
+    """Record the checkout's git state for a machine that gets the tree without ``.git``."""
+    state = git_state()
+    if state is None:
+        raise RuntimeError("no git repository here: the stamp records a git revision")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state, indent=1))
+    return state
+
+
+def code_state() -> dict[str, Any]:
+    """The revision of the code that runs, from git or else the stamp; ``dirty`` is True
+    when the code differs from the recorded revision, None when nothing says."""
+    state = git_state()
+    if state is not None:
+        return state
+    if not STAMP.exists():
+        return {"revision": None, "dirty": None, "source": "none",
+                "warning": "no .git and no stamp (run `python bench/run_e2e.py stamp` and carry "
+                           ".cache/bench/git_stamp.json): the revision is unknown"}
+    stamp = json.loads(STAMP.read_text())
+    now = code_hash(stamp.get("files", []))
+    same = now == stamp.get("code_hash")
+    state = {**stamp, "source": "stamp", "code_hash_here": now, "dirty": bool(stamp.get("dirty")) or not same}
+    if not same:
+        state["warning"] = "the code differs from the stamp's revision (edited after the stamp was written)"
+    return state
+
+
+def revision_label(state: dict[str, Any]) -> str:
+    """``abc1234``, ``abc1234 DIRTY`` or ``unknown revision``."""
+    rev = state.get("revision")
+    if not rev:
+        return "unknown revision"
+    return rev[:10] + (" DIRTY" if state.get("dirty") or state.get("dirty") is None else "")
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """GPU 0 from nvidia-smi (no CUDA context in this process: it would hold GPU memory
+    while the servers run); None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
+    if not rows or len(rows[0]) != 4:
+        return None
+    name, total, free, driver = rows[0]
+    return {"name": name, "count": len(rows), "memory_total_mib": int(float(total)),
+            "memory_free_mib": int(float(free)), "driver": driver}
+
+
+def environment(gpu: dict[str, Any] | None) -> dict[str, Any]:
+    keys = ("SGLANG_FORCE_FUSED_OP_BACKEND", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK",
+            "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CUDA_VISIBLE_DEVICES")
+    cpu = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return {
+        "device": gpu["name"] if gpu else cpu,
+        "gpu": gpu,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python_executable": sys.executable,
+        "versions": versions(),
+        "code": {k: v for k, v in code_state().items() if k != "files"},
+        "environment": {k: os.environ[k] for k in keys if k in os.environ},
+    }

@@ -1,0 +1,291 @@
+"""Results of any number of calls merged: repeats, spread, LoRA cost over the floor,
+markdown, plots, and the README's headline table.
+
+Every measurement of the same (system, point) in the given results files is one repeat.
+Per (system, point) the report gives the mean over repeats of each repeat's mean E2E
+latency with its spread (min / max / stdev), the same for P99 and TTFT, and the **LoRA
+cost over the floor**: in each repeat, the system's mean E2E minus the no-LoRA server's
+mean E2E for the same point in the same call and repeat (so each difference is taken on
+one machine, minutes apart), then mean / min / max over repeats. Results of different
+points are never mixed; results of different scales (gpu / cpu) are refused together.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.e2e import plan
+from bench.e2e.provenance import revision_label
+
+SCHEMAS = ("sglang-vlora/e2e/v2",)
+HEADLINE_BEGIN = "<!-- e2e-headline:begin (written by bench/run_e2e.py report; do not edit) -->"
+HEADLINE_END = "<!-- e2e-headline:end -->"
+SYSTEM_ORDER = list(plan.SYSTEMS)
+
+
+def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Results files, checked: known schema, one scale for all."""
+    runs = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("schema") not in SCHEMAS:
+            raise ValueError(f"{path}: schema {data.get('schema')!r} is not one of {SCHEMAS} "
+                             "(older e2e results cannot be merged with these)")
+        data["_file"] = str(path)
+        runs.append(data)
+    if not runs:
+        raise ValueError("no results files given")
+    scales = {r["call"]["scale"] for r in runs}
+    if len(scales) > 1:
+        raise ValueError(f"results of different scales {sorted(scales)} cannot be merged")
+    return runs
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else None, "values": list(values)}
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """point -> system -> figures over repeats (see the module docstring)."""
+    samples: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    floor: dict[tuple[str, str, int], float] = {}
+    for run in runs:
+        for m in run["measurements"]:
+            if m.get("status") == "ok" and m["system"] == plan.FLOOR and m["metrics"]["e2e_ms"]["mean"] is not None:
+                floor[run["run_id"], m["point"], m["repeat"]] = m["metrics"]["e2e_ms"]["mean"]
+    for run in runs:
+        for m in run["measurements"]:
+            if m.get("status") != "ok":
+                continue
+            met, key = m["metrics"], (m["point"], m["system"])
+            if met["e2e_ms"]["mean"] is None:
+                continue
+            s = samples[key]
+            s["e2e_mean"].append(met["e2e_ms"]["mean"])
+            for name, value in (("e2e_p99", met["e2e_ms"]["p99"]), ("ttft_mean", met["ttft_ms"]["mean"]),
+                                ("tpot_mean", (met.get("tpot_ms") or {}).get("mean")),
+                                ("error_share", met["errors"] / met["requests"] if met["requests"] else None)):
+                if value is not None:
+                    s[name].append(value)
+            base = floor.get((run["run_id"], m["point"], m["repeat"]))
+            if base is not None and m["system"] != plan.FLOOR:
+                s["lora_cost"].append(met["e2e_ms"]["mean"] - base)
+            vu = (m.get("per_task") or {}).get("video_understanding")
+            if vu and vu["e2e_ms"]["mean"] is not None:
+                s["video_understanding_mean"].append(vu["e2e_ms"]["mean"])
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for (point, system), s in samples.items():
+        out[point][system] = {name: _spread(values) for name, values in s.items()}
+    return out
+
+
+def _mean(agg: dict[str, dict[str, Any]], system: str, figure: str) -> float | None:
+    spread = (agg.get(system) or {}).get(figure)
+    return spread["mean"] if spread else None
+
+
+def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | None]]:
+    """Per point, ours against SGLang's backends and unmerge-only: LoRA cost ratios and
+    mean / P99 E2E ratios (None where a figure is missing)."""
+    out = {}
+    for point, systems in agg.items():
+        r: dict[str, float | None] = {}
+        for peer in ("csgmv", "triton", "unmerge_only"):
+            for fig, name in (("lora_cost", "lora_cost"), ("e2e_mean", "mean_e2e"), ("e2e_p99", "p99_e2e")):
+                ours, theirs = _mean(systems, "vlora", fig), _mean(systems, peer, fig)
+                r[f"{name}_vs_{peer}"] = ours / theirs if ours is not None and theirs else None
+        out[point] = r
+    return out
+
+
+def heads_speedup(agg: dict[str, dict[str, dict[str, Any]]]) -> float | None:
+    """Video-understanding latency by LM decoding over by task heads (ours)."""
+    lm = _mean(agg.get("video-lm", {}), "vlora", "video_understanding_mean")
+    heads = _mean(agg.get("video-heads", {}), "vlora", "video_understanding_mean")
+    return lm / heads if lm and heads else None
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _cell(spread: dict[str, Any] | None, digits: int = 0) -> str:
+    """``mean (min-max, n)``."""
+    if not spread:
+        return "-"
+    if spread["n"] == 1:
+        return f"{_f(spread['mean'], digits)} (n=1)"
+    return f"{_f(spread['mean'], digits)} ({_f(spread['min'], digits)}-{_f(spread['max'], digits)}, n={spread['n']})"
+
+
+def provenance_line(runs: Sequence[dict[str, Any]]) -> str:
+    revs = sorted({revision_label(r.get("code", {})) for r in runs})
+    devices = sorted({r["device"] for r in runs})
+    dates = sorted(r["date"] for r in runs)
+    v = runs[0]["versions"]
+    dirty = any("DIRTY" in x or "unknown" in x for x in revs)
+    warn = " **WARNING: not from a clean, known revision.**" if dirty else ""
+    return (f"{', '.join(devices)}; {dates[0][:16]} to {dates[-1][:16]} UTC; code {', '.join(revs)}; SGLang "
+            f"{v.get('sglang')}, torch {v.get('torch')}, Triton {v.get('triton')}; {len(runs)} call(s).{warn}")
+
+
+def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[str, Any]]) -> list[str]:
+    labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
+    lines = ["| point | system | mean E2E ms (min-max, n) | LoRA cost over floor ms | P99 E2E ms | TTFT ms "
+             "| TPOT ms | errors |", "|---|---|---|---|---|---|---|---|"]
+    for point in sorted(agg, key=lambda p: list(labels).index(p) if p in labels else 99):
+        for system in sorted(agg[point], key=SYSTEM_ORDER.index):
+            a = agg[point][system]
+            err = a.get("error_share")
+            errors = f"{err['max']:.1%}" if err and err["max"] else "-"
+            lines.append(f"| {labels.get(point, point)} | {system} | {_cell(a.get('e2e_mean'))} | "
+                         f"{_cell(a.get('lora_cost'), 1)} | {_cell(a.get('e2e_p99'))} | "
+                         f"{_cell(a.get('ttft_mean'), 1)} | {_cell(a.get('tpot_mean'), 2)} | "
+                         f"{errors} |")
+    return lines
+
+
+def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| call | system | point | repeat | iterations per mode | decisions | switches | max batch, theta |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for m in run["measurements"]:
+            orch = m.get("orchestrator")
+            if m.get("status") != "ok" or not orch:
+                continue
+            cfg = orch.get("config", {})
+            lines.append(f"| {run['call']['name']} | {m['system']} | {m['point']} | {m['repeat']} | "
+                         f"{_counts(orch.get('iterations'))} | {_counts(orch.get('decisions'))} | "
+                         f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} |")
+    return lines
+
+
+def _counts(d: Any) -> str:
+    if not isinstance(d, dict):
+        return "-"
+    return ", ".join(f"{k} {v}" for k, v in d.items() if isinstance(v, int | float)) or "-"
+
+
+def problems(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Failed servers, failed or skipped measurements: listed, never silently dropped."""
+    out = []
+    for run in runs:
+        for name, s in run["systems"].items():
+            if s.get("status") not in ("ok", "running"):
+                out.append(f"- {run['run_id']}: server {name} {s.get('status')}: {s.get('reason', '')}")
+        for m in run["measurements"]:
+            if m.get("status") != "ok":
+                lines = [x.strip() for x in str(m.get("reason", "")).splitlines() if x.strip()] or [""]
+                why = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+                out.append(f"- {run['run_id']}: {m['system']} {m['point']} #{m['repeat']} {m['status']}: {why[:300]}")
+    return out
+
+
+def markdown(runs: Sequence[dict[str, Any]]) -> str:
+    agg = aggregate(runs)
+    lines = ["# End-to-end benchmark", "", provenance_line(runs), "",
+             "Files: " + ", ".join(f"`{Path(r['_file']).name}`" for r in runs), "",
+             "Each cell: mean over repeats of a repeat's mean (min-max over repeats, n repeats). LoRA cost over "
+             "floor: per repeat, the system's mean E2E minus the no-LoRA server's in the same call and repeat.", "",
+             "## Every point", "", *points_table(agg, runs), "", "## Ours against the others (ratios of means)", "",
+             "| point | LoRA cost / csgmv | / triton | mean E2E / csgmv | P99 / csgmv | mean E2E / unmerge-only |",
+             "|---|---|---|---|---|---|"]
+    for point, r in ratios(agg).items():
+        lines.append(f"| {point} | {_f(r['lora_cost_vs_csgmv'], 2)} | {_f(r['lora_cost_vs_triton'], 2)} | "
+                     f"{_f(r['mean_e2e_vs_csgmv'], 2)} | {_f(r['p99_e2e_vs_csgmv'], 2)} | "
+                     f"{_f(r['mean_e2e_vs_unmerge_only'], 2)} |")
+    speed = heads_speedup(agg)
+    if speed is not None:
+        lines += ["", f"Video understanding (6 frames), ours: LM decoding / task heads latency = {speed:.2f}x."]
+    lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
+    issues = problems(runs)
+    if issues:
+        lines += ["", "## Not measured", "", *issues]
+    caveats = sorted({c for r in runs for c in r.get("caveats", [])})
+    lines += ["", "## What differs from a production install", "", *[f"- {c}" for c in caveats]]
+    return "\n".join(lines) + "\n"
+
+
+HEADLINE_POINTS = ("sgl-mixed", "vision-skewed", "sgl-mixed-uniform", "sgl-prefill", "sgl-decode", "video-lm")
+HEADLINE_SYSTEMS = ("nolora", "vlora", "csgmv", "triton", "unmerge_only")
+
+
+def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
+    """The README's table: mean E2E ms (min-max) per headline point and system, and ours'
+    LoRA cost relative to csgmv's; the revision and files that produced it."""
+    agg = aggregate(runs)
+    labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
+    systems = [s for s in HEADLINE_SYSTEMS if any(s in agg.get(p, {}) for p in HEADLINE_POINTS)]
+    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). {provenance_line(runs)} Source: {source}.", "",
+             "| point | " + " | ".join(systems) + " | ours' LoRA cost / csgmv's |",
+             "|---|" + "---|" * (len(systems) + 1)]
+    rat = ratios(agg)
+    for point in HEADLINE_POINTS:
+        if point not in agg:
+            continue
+        cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]
+        lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + f" | "
+                     f"{_f(rat[point]['lora_cost_vs_csgmv'], 2)} |")
+    speed = heads_speedup(agg)
+    if speed is not None:
+        lines += ["", f"Video understanding on 6 frames, ours: task heads answer {speed:.2f}x faster than LM decoding."]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str, begin: str = HEADLINE_BEGIN, end: str = HEADLINE_END) -> str:
+    """``text`` with what lies between the ``begin`` and ``end`` markers replaced by ``block``."""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"the markers {begin!r} ... {end!r} are not in the file: add them where the table goes")
+    return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text, count=1)
+
+
+def plots(runs: Sequence[dict[str, Any]], prefix: Path) -> list[Path]:
+    """``<prefix>_e2e.png`` (mean E2E per point and system) and ``<prefix>_lora_cost.png``
+    (LoRA cost over the floor): bars are means over repeats, whiskers min-max, dots the
+    repeats themselves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agg = aggregate(runs)
+    labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
+    title = provenance_line(runs).split(";")[0]
+    files = []
+    for figure, ylabel, suffix in (("e2e_mean", "mean E2E latency (ms)", "e2e"),
+                                   ("lora_cost", "LoRA cost over the no-LoRA floor (ms)", "lora_cost")):
+        points = [p for p in agg if any(figure in a and a[figure] for a in agg[p].values())]
+        fig, axes = plt.subplots(1, max(1, len(points)), figsize=(4.2 * max(1, len(points)), 4.2), squeeze=False)
+        for ax, point in zip(axes[0], points, strict=False):
+            systems = [s for s in SYSTEM_ORDER if (agg[point].get(s) or {}).get(figure)]
+            for i, system in enumerate(systems):
+                sp = agg[point][system][figure]
+                ax.bar(i, sp["mean"], color=f"C{SYSTEM_ORDER.index(system)}", alpha=0.75)
+                ax.errorbar(i, sp["mean"], yerr=[[sp["mean"] - sp["min"]], [sp["max"] - sp["mean"]]],
+                            color="black", capsize=4)
+                ax.plot([i] * sp["n"], sp["values"], "k.", markersize=5)
+            ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
+            ax.set_title(labels.get(point, point), fontsize=9)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        if not points:
+            axes[0][0].text(0.5, 0.5, "nothing measured", ha="center", transform=axes[0][0].transAxes)
+        fig.suptitle(f"End-to-end, {title}: bars = mean over repeats, whiskers = min-max, dots = repeats",
+                     fontsize=9)
+        fig.tight_layout()
+        path = Path(f"{prefix}_{suffix}.png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
+    return files

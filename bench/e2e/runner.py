@@ -1,0 +1,262 @@
+"""One call from start to results JSON: assets, every system's server side by side, a
+warm-up each, then the measurements one at a time in :func:`bench.e2e.plan.order`.
+
+The JSON (schema :data:`SCHEMA`) is rewritten after every measurement, so a call cut short
+(time budget, a timeout's SIGTERM) keeps what it measured; a measurement that does not fit
+in the budget is recorded as skipped, a server that does not start or dies as failed /
+crashed with its log tail, and the call goes on with the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import signal
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.e2e import measure, plan, provenance, servers
+from bench.e2e.plan import Call, Measurement, Point
+from bench.e2e.sglang_client import Worker
+from bench.workloads import Request
+from sglang_vlora.server_process import ServerProcess
+
+SCHEMA = "sglang-vlora/e2e/v2"
+WARMUP_REQUESTS = 8
+# Seconds a measurement takes beyond its arrivals: the last requests, status calls, and for
+# SGLang's client its start (imports, tokenizer).
+OVERHEAD_S = {"sglang": 20.0, "retrieval": 8.0, "video": 8.0}
+
+
+def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed: int,
+               extra: Sequence[str]) -> dict[str, Any]:
+    gpu = provenance.gpu_info()
+    now = datetime.datetime.now(datetime.UTC)
+    setup = plan.setup_of(call.scale)
+    points = {pid: plan.scaled(plan.points_of(call.scale)[pid], call.scale_requests) for pid in call.points}
+    return {
+        "schema": SCHEMA,
+        "run_id": f"{call.name}-{now:%Y%m%dT%H%M%S}-{secrets.token_hex(2)}",
+        "call": {"name": call.name, "why": call.why, "scale": call.scale, "systems": list(call.systems),
+                 "points": list(call.points), "repeats": call.repeats},
+        "date": now.isoformat(timespec="seconds"),
+        "command": "python bench/run_e2e.py " + " ".join(argv),
+        **provenance.environment(gpu),
+        "setup": {**setup_info, "common_flags": setup.common_flags, "lora_flags": setup.lora_flags, "seed": seed,
+                  "extra_server_args": list(extra)},
+        "caveats": list(setup.caveats),
+        "points": {pid: asdict(p) for pid, p in points.items()},
+        "systems": {name: {"about": plan.SYSTEMS[name].about, "flags": plan.SYSTEMS[name].flags(),
+                           "status": "pending"} for name in call.systems},
+        "measurements": [],
+    }
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(path)
+
+
+def warm_up(server: ServerProcess, points: Sequence[Point], names: Sequence[str], lora: bool,
+            seed: int) -> dict[str, Any]:
+    """Untimed bursts shaped like each point (JIT compilation, first adapter loads, the
+    orchestrator's first cost measurements)."""
+    t0 = time.monotonic()
+    reqs = []
+    for point in points:
+        if point.client == "sglang":
+            burst = measure.text_requests(point, names, WARMUP_REQUESTS, seed + 99, lora)
+        else:
+            burst = measure.own_requests(plan.scaled(point, 0.0), names, seed + 99, lora)[:WARMUP_REQUESTS]
+        for i, r in enumerate(burst):
+            r.arrival_s = 0.1 * i
+        reqs += burst
+    out = measure.run_own(server, reqs) if reqs else {"metrics": {"requests": 0, "completed": 0}}
+    return {"requests": out["metrics"]["requests"], "completed": out["metrics"]["completed"],
+            "error_samples": out.get("error_samples", []), "seconds": round(time.monotonic() - t0, 1)}
+
+
+@dataclass
+class Clients:
+    """The call's clients: SGLang's serving benchmark in a worker process (started with the
+    servers, so that its imports overlap theirs) and our own client's requests, made once
+    per (point, seed) for every system (hundreds of images take seconds to encode)."""
+
+    work_dir: Path
+    worker: Worker | None = None
+    cache: dict[tuple[str, int], list[Request]] = field(default_factory=dict)
+
+    def sglang(self) -> Worker:
+        if self.worker is None or self.worker.process.poll() is not None:
+            self.worker = Worker(self.work_dir / "sglang_client.log", env=servers.server_env())
+        return self.worker
+
+    def requests(self, point: Point, names: Sequence[str], seed: int, lora: bool) -> list[Request]:
+        key = (point.id, seed)
+        if key not in self.cache:
+            self.cache.clear()
+            self.cache[key] = measure.own_requests(point, names, seed, lora=True)
+        return self.cache[key] if lora else [measure.without_lora(r) for r in self.cache[key]]
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+def measure_one(server: ServerProcess, system: plan.System, point: Point, names: Sequence[str], seed: int,
+                clients: Clients) -> dict[str, Any]:
+    before = servers.vlora_status(server) if system.plugin else None
+    t0 = time.monotonic()
+    if point.client == "sglang":
+        result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
+    else:
+        result = measure.run_own(server, clients.requests(point, names, seed, system.lora))
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    if system.plugin:
+        after = servers.vlora_status(server)
+        result["orchestrator"] = servers.orchestrator_summary(before, after)
+        result["vlora_status"] = {"before": before, "after": after}
+    return result
+
+
+def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerProcess], names: Sequence[str],
+                     seed: int, deadline: float, json_path: Path, clients: Clients) -> None:
+    points = {pid: plan.scaled(plan.points_of(call.scale)[pid], call.scale_requests) for pid in call.points}
+    for m in plan.order(call, list(live)):
+        point, system, server = points[m.point], plan.SYSTEMS[m.system], live[m.system]
+        entry: dict[str, Any] = {**asdict(m), "status": "ok"}
+        report["measurements"].append(entry)
+        if not server.alive():
+            entry.update(status="failed", reason="server died earlier")
+            report["systems"][m.system].update(status="crashed", reason="server died during the call",
+                                               log_tail=server.log_tail(60))
+            continue
+        if time.monotonic() + point.arrivals_s + OVERHEAD_S[point.client] > deadline:
+            entry.update(status="skipped", reason="time budget of the call (--budget-s) spent")
+            continue
+        entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)
+        try:
+            entry.update(measure_one(server, system, point, names, seed + m.repeat, clients))
+        except Exception as e:  # a client failure is this measurement's, not the call's
+            entry.update(status="failed", reason=f"{type(e).__name__}: {e}"[:2000])
+        print(_line(m, entry), flush=True)
+        write_json(json_path, _public(report))
+
+
+def _line(m: Measurement, entry: dict[str, Any]) -> str:
+    if entry["status"] != "ok":
+        return f"[e2e] {m.system} {m.point} #{m.repeat}: {entry['status']}: {entry.get('reason', '')[:300]}"
+    met = entry["metrics"]
+    e2e = met["e2e_ms"]
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    return (f"[e2e] {m.system} {m.point} #{m.repeat}: {met['completed']}/{met['requests']} done, mean E2E "
+            f"{fmt(e2e['mean'])} ms, p99 {fmt(e2e['p99'])} ms, TTFT {fmt(met['ttft_ms']['mean'])} ms, "
+            f"{entry['seconds']} s")
+
+
+def _public(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dict[str, Path], log_dir: Path,
+                  extra: Sequence[str], force: bool) -> dict[str, ServerProcess]:
+    """Every runnable system's server, started side by side; those that came up."""
+    setup = plan.setup_of(call.scale)
+    runnable = []
+    for name in call.systems:
+        system = plan.SYSTEMS[name]
+        if system.needs_cuda and report["gpu"] is None and not force:
+            report["systems"][name].update(status="skipped", reason=plan.NO_CUDA_REASON)
+            print(f"[e2e] {name}: skipped (needs a CUDA GPU)", flush=True)
+        else:
+            runnable.append(system)
+    report["setup"]["memory"] = servers.check_memory(setup, model, len(runnable), report["gpu"])
+    print(f"[e2e] starting {len(runnable)} servers side by side: {', '.join(s.name for s in runnable)}", flush=True)
+    live = servers.start_all(runnable, setup, model, adapters, log_dir, extra)
+    for s in runnable:
+        report["systems"][s.name].update(server_command=" ".join(live[s.name].command),
+                                         log=str(live[s.name].log_path))
+    failed = servers.wait_all(live, setup.start_timeout_s)
+    for name, srv in list(live.items()):
+        entry = report["systems"][name]
+        if name in failed:
+            entry.update(status="failed", reason=failed[name], log_tail=srv.log_tail(60))
+            print(f"[e2e] {name}: FAILED to start: {failed[name]}\n{entry['log_tail']}", flush=True)
+            servers.stop_all({name: live.pop(name)})
+        else:
+            entry.update(status="running", ready_s=srv.ready_s)
+            print(f"[e2e] {name}: up after {srv.ready_s} s", flush=True)
+    return live
+
+
+def run_call(call: Call, argv: Sequence[str], out: Path, log_dir: Path, tag: str, budget_s: float, seed: int = 0,
+             extra: Sequence[str] = (), force: bool = False) -> dict[str, Any]:
+    t0 = time.monotonic()
+    deadline = t0 + budget_s
+    setup = plan.setup_of(call.scale)
+    cache = servers.REPO / ".cache" / "bench"
+    print(f"[e2e] call {call.name}: preparing the {setup.scale} model and {setup.adapters} adapters", flush=True)
+    model, adapters, info = servers.prepare_assets(setup, cache)
+    report = new_report(call, argv, info, seed, extra)
+    report["_t0"] = t0
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{tag}.json"
+    write_json(json_path, _public(report))
+    live: dict[str, ServerProcess] = {}
+    clients = Clients(log_dir / "client")
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        if any(plan.points_of(call.scale)[p].client == "sglang" for p in call.points):
+            clients.sglang()
+        live = start_servers(report, call, model, adapters, log_dir, extra, force)
+        names = list(adapters)
+        points = [plan.points_of(call.scale)[p] for p in call.points]
+        for name, srv in live.items():
+            mine = [p for p in points if p.runs_on(name)]
+            report["systems"][name]["warmup"] = warm_up(srv, mine, names, plan.SYSTEMS[name].lora, seed)
+            print(f"[e2e] {name}: warmed up {report['systems'][name]['warmup']}", flush=True)
+        write_json(json_path, _public(report))
+        run_measurements(report, call, live, names, seed, deadline, json_path, clients)
+    except BaseException as e:  # recorded, then re-raised after the servers are stopped
+        report["interrupted"] = f"{type(e).__name__}: {e}"
+        report["traceback"] = traceback.format_exc()[-4000:]
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        clients.close()
+        _finish(report, live, json_path, t0)
+    return _public(report)
+
+
+def _raise_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"signal {signum}")
+
+
+def _finish(report: dict[str, Any], live: dict[str, ServerProcess], json_path: Path, t0: float) -> None:
+    for name, srv in live.items():
+        entry = report["systems"][name]
+        if entry.get("status") == "running":
+            entry["status"] = "ok" if srv.alive() else "crashed"
+            if not srv.alive():
+                entry["log_tail"] = srv.log_tail(60)
+    servers.stop_all(live)
+    report["shim_calls"] = _shim_calls()
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    write_json(json_path, _public(report))
+    print(f"[e2e] wrote {json_path} ({report['wall_s']} s)", flush=True)
+
+
+def _shim_calls() -> str | None:
+    """What the stand-in sgl_kernel refused, if it logged anything (benchmark machine)."""
+    path = os.environ.get("SGL_SHIM_LOG")
+    if not path or not Path(path).exists():
+        return None
+    return Path(path).read_text(errors="replace")[-2000:] or None
+

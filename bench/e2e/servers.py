@@ -1,0 +1,186 @@
+"""The servers of one call: built from the same model and adapters, started side by side
+(one GPU holds them all), warmed up, stopped. Launching itself is
+:mod:`sglang_vlora.server_process`, shared with the test fixtures.
+
+Why side by side: a server start costs ~85 s on the benchmark machine (imports in three
+processes, CUDA-graph capture) and a GPU command may run 10 minutes, so one call starts all
+its systems' servers at once and measures them one at a time. How they stay out of each
+other's way:
+
+* memory: every server gets the same ``--max-total-tokens`` (the KV cache is capped, not
+  sized from what is free) and a ``--mem-fraction-static`` high enough that the cap is
+  reached even for the server whose memory baseline is taken after the others loaded; the
+  call is refused up front when the servers' estimated footprint exceeds the free memory;
+* compute: only the measured server gets requests; the others idle in
+  ``--sleep-on-idle`` (their schedulers block on their sockets instead of polling, and
+  return cached activation memory) and the client waits until every server's
+  start-up is over before the first measurement;
+* warm-up: every server gets an untimed burst of each point's kind of request (JIT
+  compilation, first adapter loads, the orchestrator's first cost measurements) before
+  any measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.e2e.plan import Setup, System
+from sglang_vlora import server_process
+from sglang_vlora.server_process import ServerProcess
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+MEM_FRACTION = 0.85
+# Per server beyond weights and KV cache: CUDA context, graphs, activations, plugin buffers.
+OVERHEAD_GIB = 6.0
+
+
+def prepare_assets(setup: Setup, cache: Path) -> tuple[Path, dict[str, Path], dict[str, Any]]:
+    """The model directory, ``setup.adapters`` adapters (name -> folder) and their description."""
+    import torch
+
+    from bench import e2e_assets
+
+    tiny = e2e_assets.tiny_model(REPO / ".cache" / "tiny")
+    if setup.scale == "gpu":
+        model = e2e_assets.qwen2vl_7b_model(cache / "qwen2vl-7b-shape", tokenizer_from=tiny)
+        dtype, desc = torch.bfloat16, "Qwen2-VL-7B shape, --load-format dummy (random weights), tiny tokenizer"
+    else:
+        model, dtype, desc = tiny, torch.float32, "tiny random Qwen2-VL (sglang_vlora.tiny_model), float32"
+    adapters = e2e_assets.adapter_pool(model, cache / f"adapters-{setup.scale}-{setup.adapters}", setup.adapters,
+                                       setup.ranks, heads=True, dtype=dtype)
+    info = {"model": desc, "adapters": len(adapters), "adapter_names": list(adapters), "ranks": list(setup.ranks),
+            "adapter_targets": list(e2e_assets.TARGETS), "adapter_dtype": str(dtype).replace("torch.", ""),
+            "task_head": {"task": e2e_assets.HEAD_TASK, "labels": list(e2e_assets.ACTIONS)}}
+    return model, adapters, info
+
+
+def weight_bytes(model_dir: Path, bytes_per_param: int = 2) -> int:
+    """Rough size of a Qwen2-VL's weights from its config (embeddings, decoder, ViT)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    t, v = cfg.get("text_config", cfg), cfg["vision_config"]
+    h, inter, layers = t["hidden_size"], t["intermediate_size"], t["num_hidden_layers"]
+    kv = t["num_key_value_heads"] * h // t["num_attention_heads"]
+    text = 2 * t["vocab_size"] * h + layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    e = v["embed_dim"]
+    vision = v["depth"] * (4 * e * e + 2 * e * e * v["mlp_ratio"]) + 4 * e * e * 4 + 4 * e * e * h // e
+    return (text + vision) * bytes_per_param
+
+
+def kv_bytes(model_dir: Path, tokens: int, bytes_per_value: int = 2) -> int:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    t = cfg.get("text_config", cfg)
+    head_dim = t.get("head_dim", t["hidden_size"] // t["num_attention_heads"])
+    return tokens * t["num_hidden_layers"] * 2 * t["num_key_value_heads"] * head_dim * bytes_per_value
+
+
+def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The memory plan of ``n_servers`` side by side; ValueError when they cannot fit."""
+    if gpu is None or setup.scale != "gpu":
+        return None
+    tokens = int(setup.common_flags[setup.common_flags.index("--max-total-tokens") + 1])
+    per_server = (weight_bytes(model) + kv_bytes(model, tokens)) / GIB + OVERHEAD_GIB
+    free = gpu["memory_free_mib"] / 1024
+    if n_servers * per_server > 0.95 * free:
+        raise ValueError(
+            f"{n_servers} servers need about {n_servers * per_server:.0f} GiB ({per_server:.0f} GiB each: "
+            f"weights, a {tokens}-token KV cache, {OVERHEAD_GIB:.0f} GiB of graphs and activations) but "
+            f"{free:.0f} GiB of GPU memory is free: run fewer systems per call (--systems)")
+    return {"servers": n_servers, "estimated_gib_per_server": round(per_server, 1), "free_gib": round(free, 1),
+            "mem_fraction_static": MEM_FRACTION, "max_total_tokens": tokens}
+
+
+def command(system: System, setup: Setup, model: Path, adapters: dict[str, Path],
+            extra: Sequence[str] = ()) -> list[str]:
+    flags = list(setup.common_flags) + (list(setup.lora_flags) if system.lora else []) + system.flags()
+    if setup.scale == "gpu":
+        flags += ["--mem-fraction-static", str(MEM_FRACTION)]
+    return server_process.server_command(model, adapters if system.lora else None, flags + list(extra))
+
+
+def server_env() -> dict[str, str]:
+    """The servers' environment: the repository on ``PYTHONPATH`` (the plugin's source),
+    plus its entry point where the package is not installed."""
+    paths = [REPO]
+    if not server_process.plugin_installed():
+        paths.insert(0, server_process.entry_point_dir(REPO / ".cache" / "bench" / "entry_point"))
+    return server_process.server_env(paths)
+
+
+def start_all(systems: Sequence[System], setup: Setup, model: Path, adapters: dict[str, Path], log_dir: Path,
+              extra: Sequence[str] = ()) -> dict[str, ServerProcess]:
+    env = server_env()
+    servers = {}
+    for s in systems:
+        cmd = command(s, setup, model, adapters, extra)
+        servers[s.name] = server_process.start(cmd, log_dir / f"{s.name}.log", env=env, cwd=REPO, name=s.name,
+                                               model_dir=model, adapters=adapters if s.lora else {})
+    return servers
+
+
+def wait_all(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, str]:
+    """Wait until every server answers or fails; name -> why it failed (empty: all up)."""
+    pending, failed = dict(servers), {}
+    while pending:
+        for name, srv in list(pending.items()):
+            if not srv.alive():
+                failed[name] = f"server exited with code {srv.process.returncode} during start-up"
+            elif server_process.healthy(srv):
+                srv.ready_s = round(time.monotonic() - srv.launched, 1)
+            elif time.monotonic() - srv.launched > timeout_s:
+                failed[name] = f"no healthy answer within {timeout_s:.0f} s of its launch"
+            else:
+                continue
+            del pending[name]
+        if pending:
+            time.sleep(1.0)
+    return failed
+
+
+def stop_all(servers: dict[str, ServerProcess]) -> None:
+    for srv in servers.values():
+        server_process.stop(srv)
+
+
+def vlora_status(server: ServerProcess) -> dict[str, Any] | None:
+    """``GET /vlora/status`` (None if it does not answer with JSON)."""
+    code, body = server_process.get_json(server.url + "/vlora/status", timeout_s=10)
+    if code != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def status_delta(before: Any, after: Any) -> Any:
+    """What changed during a measurement: counters (numbers in both snapshots) as
+    differences, nested dicts field by field, anything else as it is after. Read this way,
+    fields the orchestrator adds or renames later come through without code changes."""
+    if isinstance(after, dict):
+        before = before if isinstance(before, dict) else {}
+        return {k: status_delta(before.get(k), v) for k, v in after.items()}
+    numeric = (int, float)
+    if isinstance(after, numeric) and not isinstance(after, bool) and isinstance(before, numeric) \
+            and not isinstance(before, bool):
+        return after - before
+    return after
+
+
+def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Decisions, iterations per mode and switches during a measurement, from whatever of
+    those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
+    if not after:
+        return None
+    delta = status_delta(before or {}, after)
+    orch = delta.get("orchestrator") if isinstance(delta.get("orchestrator"), dict) else delta
+    summary = {k: orch[k] for k in ("iterations", "decisions", "switches", "switch_seconds_total") if k in orch}
+    config = (after.get("orchestrator") or {}) if isinstance(after.get("orchestrator"), dict) else after
+    summary["config"] = {k: config[k] for k in ("policy", "theta_s", "max_batch") if k in config}
+    if "switch_count" in delta:
+        summary["mode_switches"] = delta["switch_count"]
+    return summary

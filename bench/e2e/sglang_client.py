@@ -1,0 +1,105 @@
+"""SGLang's own serving benchmark (``python -m sglang.benchmark.serving``) as a child
+process that imports it once and then runs one command line per request.
+
+Importing the client costs 5-40 s (it pulls in much of ``sglang.srt``); a call runs it
+several times, so a worker keeps it imported. Each run is the module's own ``cli_main()``
+with ``sys.argv`` set to the command line, exactly as ``python -m`` would run it. The
+worker's stdout and stderr (the client's printed report) go to a log file; the protocol is
+one JSON line per run on the original stdout: ``{"code": <exit code>, "error": ...}``.
+
+Where the ``datasets`` package is missing (the CPU install leaves it out), the client's
+import of it fails although the ``random-ids`` dataset never uses it; the worker then
+registers an empty ``datasets`` module whose ``load_dataset`` raises, so a dataset that
+needs it fails loudly.
+
+    python -m bench.e2e.sglang_client LOG     # then write JSON argv lists to its stdin
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import traceback
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+MODULE = "sglang.benchmark.serving"
+
+
+class Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        repo = Path(__file__).resolve().parents[2]
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.e2e.sglang_client", str(self.log_path)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo,
+                                        env=env, start_new_session=True)
+
+    def run(self, argv: Sequence[str], timeout_s: float) -> None:
+        """Run the client with ``argv``; RuntimeError with the log tail if it fails."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(list(argv)) + "\n")
+        self.process.stdin.flush()
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(self.process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not answer or not answer[0]:
+            self.close()
+            raise RuntimeError(f"{MODULE} gave no answer within {timeout_s:.0f} s:\n{self.log_tail()}")
+        reply = json.loads(answer[0])
+        if reply["code"] not in (0, None):
+            raise RuntimeError(f"{MODULE} exited with {reply['code']}: {reply.get('error')}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+def _serve(log_path: str) -> None:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    if importlib.util.find_spec("datasets") is None:
+        missing = types.ModuleType("datasets")
+
+        def load_dataset(*_args: object, **_kwargs: object) -> None:
+            raise RuntimeError("the `datasets` package is not installed here; use --dataset-name random-ids")
+
+        missing.load_dataset = load_dataset
+        sys.modules["datasets"] = missing
+    serving = importlib.import_module(MODULE)
+    for line in sys.stdin:
+        argv = json.loads(line)
+        print(f"\n$ python -m {MODULE} {' '.join(argv)}", flush=True)
+        sys.argv = [MODULE, *argv]
+        reply: dict[str, object] = {"code": 0}
+        try:
+            serving.cli_main()
+        except SystemExit as e:
+            reply["code"] = e.code if isinstance(e.code, int) else (1 if e.code else 0)
+            reply["error"] = None if isinstance(e.code, int | None) else str(e.code)
+        except Exception as e:  # reported to the parent, the worker stays up
+            traceback.print_exc()
+            reply = {"code": 1, "error": f"{type(e).__name__}: {e}"}
+        protocol.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,0 +1,197 @@
+"""A real SGLang server in a child process: start, wait until it answers, stop.
+
+One launcher for everything that needs a live server (the test fixtures, the end-to-end
+benchmark): ``python -m sglang.launch_server ...`` in its own session (so that stopping it
+stops its scheduler and detokenizer too), its output in a log file whose tail goes into
+error messages. Only the standard library: nothing here imports SGLang or torch.
+
+    server = start(server_command(model, adapters={"a8": path}, extra=["--plugin", "vlora"]),
+                   log_path)
+    reason = wait_healthy(server, timeout_s=600)   # None once GET /health answers 200
+    ...
+    stop(server)
+
+Where the package is not installed (its source only on ``PYTHONPATH``, as on a benchmark
+machine), SGLang cannot find the plugin, which it looks up by entry point:
+:func:`entry_point_dir` writes a small ``dist-info`` that declares it, and :func:`server_env`
+puts that folder on the server's ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PLUGIN_NAME = "vlora"
+PLUGIN_ENTRY_POINT = "sglang_vlora.plugin:register"
+# Variables of the calling process that would change a server's behaviour behind its flags.
+_DROPPED_ENV_PREFIXES = ("SGLANG_VLORA", "SGLANG_USE_CPU")
+# Requests to the local server never go through a proxy.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class ServerProcess:
+    """A launched server. ``ready_s`` is set by :func:`wait_healthy` (seconds from launch)."""
+
+    url: str
+    log_path: Path
+    process: subprocess.Popen
+    command: list[str]
+    model_dir: Path | None = None
+    adapters: dict[str, Path] = field(default_factory=dict)
+    name: str = "server"
+    launched: float = field(default_factory=time.monotonic)
+    ready_s: float | None = None
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(
+    model: Path,
+    adapters: Mapping[str, Path] | None = None,
+    extra: Sequence[str] = (),
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+) -> list[str]:
+    """``python -m sglang.launch_server`` for ``model`` with ``adapters`` (name -> PEFT folder,
+    in the given order) and ``extra`` flags last, so they override what comes before."""
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", host,
+           "--port", str(port or free_port())]
+    if adapters:
+        cmd += ["--lora-paths", *[f"{name}={path}" for name, path in adapters.items()]]
+    return cmd + list(extra)
+
+
+def url_of(command: Sequence[str]) -> str:
+    """The base URL a :func:`server_command` listens on."""
+    args = list(command)
+    return f"http://{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}"
+
+
+def plugin_installed() -> bool:
+    return any(e.name == PLUGIN_NAME for e in importlib.metadata.entry_points(group="sglang.srt.plugins"))
+
+
+def entry_point_dir(root: Path) -> Path:
+    """A ``dist-info`` under ``root`` that declares the plugin's entry point (for a machine
+    where the package is not installed); returns ``root``, the folder for ``PYTHONPATH``."""
+    info = Path(root) / "sglang_vlora-0.0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-vlora\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{PLUGIN_NAME} = {PLUGIN_ENTRY_POINT}\n")
+    return Path(root)
+
+
+def server_env(pythonpath: Sequence[Path] = (), extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without the plugin's own variables (the server's flags
+    decide), offline, unbuffered, with ``pythonpath`` put first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED_ENV_PREFIXES)}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if pythonpath:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([str(p) for p in pythonpath] + rest)
+    env.update(extra or {})
+    return env
+
+
+def start(
+    command: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    name: str = "server",
+    model_dir: Path | None = None,
+    adapters: Mapping[str, Path] | None = None,
+) -> ServerProcess:
+    """Launch ``command`` (a :func:`server_command`) without waiting; its output goes to
+    ``log_path``, which starts with the command line."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(command) + "\n")
+        log.flush()
+        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
+                                   env=dict(env) if env is not None else server_env(), cwd=cwd,
+                                   start_new_session=True)
+    return ServerProcess(url_of(command), log_path, process, list(command), model_dir, dict(adapters or {}), name)
+
+
+def get_json(url: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """GET ``url`` without a proxy: (status, body); status 0 when nothing answered."""
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def healthy(server: ServerProcess) -> bool:
+    return get_json(server.url + "/health", timeout_s=5)[0] == 200
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 1.0) -> str | None:
+    """None once ``/health`` answers 200 within ``timeout_s`` of the launch; else why not
+    (the process exited, or the time ran out)."""
+    deadline = server.launched + timeout_s
+    while True:
+        if not server.alive():
+            return f"server exited with code {server.process.returncode} during start-up"
+        if healthy(server):
+            server.ready_s = round(time.monotonic() - server.launched, 1)
+            return None
+        if time.monotonic() >= deadline:
+            return f"no healthy answer within {timeout_s:.0f} s of its launch"
+        time.sleep(poll_s)
+
+
+def launch(command: Sequence[str], log_path: Path, timeout_s: float, **kwargs) -> ServerProcess:
+    """:func:`start` then :func:`wait_healthy`; a server that does not come up is stopped and
+    a RuntimeError carries the reason and its log tail."""
+    server = start(command, log_path, **kwargs)
+    reason = wait_healthy(server, timeout_s)
+    if reason is not None:
+        stop(server)
+        raise RuntimeError(f"{server.name}: {reason}:\n{server.log_tail()}")
+    return server
+
+
+def stop(server: ServerProcess, grace_s: float = 30.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace_s``."""
+    if not server.alive():
+        return
+    try:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass

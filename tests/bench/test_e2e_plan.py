@@ -1,0 +1,170 @@
+"""The end-to-end benchmark's pure parts: plan, status reading, provenance, aggregation.
+No server; milliseconds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bench.e2e import plan, provenance, report, servers
+
+
+def test_gpu_points_meet_the_size_rule_and_issue_workloads():
+    for point in plan.GPU_POINTS.values():  # at least 60 s of arrivals or 400 requests
+        assert point.requests >= 400 or point.arrivals_s >= 60, point.id
+    shapes = {(p.input_len, p.output_len) for p in plan.GPU_POINTS.values() if p.client == "sglang"}
+    assert {(1024, 1), (16, 64), (1024, 64)} <= shapes
+    assert all(p.rate == 8.0 for p in plan.GPU_POINTS.values() if p.client == "sglang")
+    vision = [p for p in plan.GPU_POINTS.values() if p.client != "sglang"]
+    assert all(min(p.image_sizes) >= 448 and p.frame_size >= 448 for p in vision)
+    assert {p.top_share for p in vision if p.client == "retrieval"} == {0.8, 0.25}
+    assert plan.GPU_POINTS["video-heads"].only == ("vlora",)
+
+
+def test_every_call_names_known_systems_and_points():
+    for call in plan.CALLS.values():
+        assert set(call.systems) <= set(plan.SYSTEMS)
+        assert set(call.points) <= set(plan.points_of(call.scale))
+    covered = {s for name in plan.FULL for s in plan.CALLS[name].systems}
+    assert covered == set(plan.SYSTEMS)  # the full benchmark runs every system
+    assert plan.SYSTEMS["vlora"].flags() == ["--plugin", "vlora"]  # ours: the defaults, nothing tuned
+    assert not plan.SYSTEMS["nolora"].lora and plan.SYSTEMS["nolora"].flags() == []
+
+
+def test_order_rotates_systems_between_repeats():
+    call = plan.get_call("mixed-skewed", repeats=3)
+    order = plan.order(call, ["nolora", "vlora", "csgmv"])
+    assert [m.system for m in order] == ["nolora", "vlora", "csgmv", "vlora", "csgmv", "nolora",
+                                         "csgmv", "nolora", "vlora"]
+    assert [m.repeat for m in order] == [0] * 3 + [1] * 3 + [2] * 3
+    video = plan.order(plan.get_call("video"), ["vlora", "csgmv"])
+    assert [(m.system, m.point) for m in video if m.point == "video-heads"] == [("vlora", "video-heads")] * 2
+    assert plan.order(call, ["csgmv"]) == [plan.Measurement("csgmv", "sgl-mixed", r) for r in range(3)]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"name": "nope"}, "--call 'nope' is not a call"),
+    ({"name": "video", "systems": ["punica"]}, "--systems: 'punica'"),
+    ({"name": "video", "points": ["vision-tiny"]}, "--points: 'vision-tiny' is not a gpu point"),
+    ({"name": "video", "repeats": 0}, "--repeats must be >= 1"),
+])
+def test_bad_call_overrides_name_the_flag(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan.get_call(**kwargs)
+
+
+def test_bad_points_are_refused():
+    with pytest.raises(ValueError, match="client must be"):
+        plan.Point("x", "http", "x", rate=1, requests=1)
+    with pytest.raises(ValueError, match="input_len and output_len"):
+        plan.Point("x", "sglang", "x", rate=1, requests=1)
+
+
+def test_status_delta_reads_fields_it_does_not_know():
+    before = {"orchestrator": {"iterations": {"merge": 2, "unmerge": 5}, "switches": 1, "policy": "vlora",
+                               "max_batch": 32}, "switch_count": 3}
+    after = {"orchestrator": {"iterations": {"merge": 7, "unmerge": 5, "mixture": 4}, "switches": 4,
+                              "decisions": {"merge": 3}, "policy": "vlora", "max_batch": 48, "theta_s": 2.5,
+                              "new_field": [1, 2]}, "switch_count": 6}
+    summary = servers.orchestrator_summary(before, after)
+    assert summary["iterations"] == {"merge": 5, "unmerge": 0, "mixture": 4}
+    assert summary["decisions"] == {"merge": 3} and summary["switches"] == 3 and summary["mode_switches"] == 3
+    assert summary["config"] == {"policy": "vlora", "theta_s": 2.5, "max_batch": 48}  # as after, not a delta
+    assert servers.orchestrator_summary(before, None) is None
+    flat = servers.orchestrator_summary(None, {"iterations": {"unmerge": 2}, "switches": 0})
+    assert flat["iterations"] == {"unmerge": 2} and flat["switches"] == 0
+
+
+def test_package_version_reads_the_version_module_not_its_fallback(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakesgl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text("try:\n    from ._version import __version__\nexcept ImportError:\n"
+                                    "    __version__ = '0.0.0.dev0'\n")
+    (pkg / "_version.py").write_text("__version__ = version = '0.5.23'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert provenance.package_version("fakesgl") == {"version": "0.5.23", "source": "fakesgl/_version.py"}
+    (pkg / "_version.py").unlink()
+    assert provenance.package_version("fakesgl")["version"] is None  # the fallback after except is not a version
+    assert provenance.package_version("no_such_pkg_here")["version"] is None
+    assert sys.modules.get("fakesgl") is None  # read, never imported
+
+
+def test_code_state_from_a_stamp_when_there_is_no_git(tmp_path, monkeypatch):
+    state = provenance.git_state()
+    assert state is not None and len(state["revision"]) == 40 and state["files"]
+    stamp = tmp_path / "stamp.json"
+    monkeypatch.setattr(provenance, "STAMP", stamp)
+    monkeypatch.setattr(provenance, "_git", lambda *args: None)  # a tree copied without .git
+    unknown = provenance.code_state()
+    assert unknown["revision"] is None and "unknown" in unknown["warning"]
+    assert provenance.revision_label(unknown) == "unknown revision"
+    stamp.write_text(json.dumps({**state, "dirty": False}))
+    assert provenance.code_state()["dirty"] is False
+    stamp.write_text(json.dumps({**state, "dirty": False, "code_hash": "0" * 16}))  # code changed since
+    changed = provenance.code_state()
+    assert changed["dirty"] is True and "differs" in changed["warning"]
+    assert provenance.revision_label(changed).endswith("DIRTY")
+
+
+def _measurement(system, point, repeat, mean, p99=None, status="ok"):
+    metrics = {"e2e_ms": {"mean": mean, "p50": mean, "p95": mean, "p99": p99 or 2 * mean},
+               "ttft_ms": {"mean": mean / 10, "p50": None, "p95": None, "p99": None},
+               "tpot_ms": {"mean": 1.0}, "requests": 400, "completed": 400, "errors": 0}
+    return {"system": system, "point": point, "repeat": repeat, "status": status, "metrics": metrics}
+
+
+def _run(run_id, measurements, scale="gpu"):
+    return {"schema": report.SCHEMAS[0], "run_id": run_id, "call": {"name": run_id, "scale": scale},
+            "date": "2026-11-23T06:00:00+00:00", "device": "NVIDIA H200",
+            "versions": {"sglang": "0.5.23", "torch": "2.11", "triton": "3.6"},
+            "code": {"revision": "a" * 40, "dirty": False},
+            "points": {"sgl-mixed": {"label": "1024 in / 64 out"}}, "systems": {}, "caveats": ["c"],
+            "measurements": measurements, "_file": f"{run_id}.json"}
+
+
+def test_lora_cost_pairs_each_repeat_with_its_own_floor():
+    runs = [
+        _run("one", [_measurement("nolora", "sgl-mixed", 0, 800), _measurement("vlora", "sgl-mixed", 0, 900),
+                     _measurement("csgmv", "sgl-mixed", 0, 1200), _measurement("nolora", "sgl-mixed", 1, 700),
+                     _measurement("vlora", "sgl-mixed", 1, 760), _measurement("csgmv", "sgl-mixed", 1, 1000)]),
+        # A second call on a slower machine: its floor is its own.
+        _run("two", [_measurement("nolora", "sgl-mixed", 0, 1000), _measurement("vlora", "sgl-mixed", 0, 1080),
+                     _measurement("csgmv", "sgl-mixed", 0, 1300, status="skipped")]),
+    ]
+    agg = report.aggregate(runs)["sgl-mixed"]
+    assert agg["vlora"]["lora_cost"]["values"] == [100, 60, 80]
+    assert agg["vlora"]["lora_cost"]["mean"] == pytest.approx(80)
+    assert (agg["vlora"]["lora_cost"]["min"], agg["vlora"]["lora_cost"]["max"]) == (60, 100)
+    assert agg["csgmv"]["e2e_mean"]["n"] == 2  # the skipped one is not a repeat
+    assert agg["csgmv"]["lora_cost"]["mean"] == pytest.approx(350)
+    assert "lora_cost" not in agg["nolora"]
+    r = report.ratios(report.aggregate(runs))["sgl-mixed"]
+    assert r["lora_cost_vs_csgmv"] == pytest.approx(80 / 350)
+    assert r["mean_e2e_vs_triton"] is None
+
+
+def test_report_refuses_mixed_scales_and_old_files(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_run("a", [])))
+    b.write_text(json.dumps(_run("b", [], scale="cpu")))
+    with pytest.raises(ValueError, match="different scales"):
+        report.load([a, b])
+    b.write_text(json.dumps({"schema": "sglang-vlora/e2e/v1"}))
+    with pytest.raises(ValueError, match="older e2e results"):
+        report.load([b])
+
+
+def test_headline_block_is_rewritten_between_markers_only():
+    runs = [_run("one", [_measurement("nolora", "sgl-mixed", 0, 800), _measurement("vlora", "sgl-mixed", 0, 900),
+                         _measurement("csgmv", "sgl-mixed", 0, 1200)])]
+    runs[0]["code"]["dirty"] = True
+    text = f"intro\n{report.HEADLINE_BEGIN}\nold table\n{report.HEADLINE_END}\nafter\n"
+    new = report.replace_block(text, report.headline(runs, "`x.json`"))
+    assert new.startswith("intro\n") and new.endswith(f"{report.HEADLINE_END}\nafter\n")
+    assert "old table" not in new and "| 1024 in / 64 out | 800 (n=1) | 900 (n=1) | 1200 (n=1) | 0.25 |" in new
+    assert "aaaaaaaaaa DIRTY" in new and "WARNING" in new
+    with pytest.raises(ValueError, match="markers"):
+        report.replace_block("no markers", "x")
