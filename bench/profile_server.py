@@ -23,6 +23,7 @@ prints a table; the raw traces stay in ``DIR/traces``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
 import os
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import e2e_assets  # noqa: E402
+from bench.e2e import provenance  # noqa: E402
 
 RANK = 64
 N_ADAPTERS = 4
@@ -104,6 +106,7 @@ def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, l
                                          env.get("PYTHONPATH", "")])
     env.setdefault("SGLANG_PROFILE_WITH_STACK", "false")
     env.setdefault("SGLANG_PROFILE_RECORD_SHAPES", "false")
+    env.setdefault("SGLANG_VLORA_PROFILE_RANGES", "1")
     with open(log, "w") as out:
         out.write("$ " + shlex.join(cmd) + "\n")
         out.flush()
@@ -294,6 +297,11 @@ def main() -> None:
                 os.killpg(process.pid, 15)
             except ProcessLookupError:
                 pass
+    gpu = provenance.gpu_info()
+    results["environment"] = provenance.environment(gpu)
+    results["device"] = results["environment"]["device"]
+    results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    results["command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
 

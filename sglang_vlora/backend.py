@@ -28,7 +28,9 @@ SGLang only calls this module; it imports SGLang because it subclasses
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 
 import torch
 from sglang.srt.lora.backend.base_backend import BaseLoRABackend
@@ -45,6 +47,13 @@ logger = logging.getLogger(__name__)
 # Modules whose LoRA runs through SGLang's embedding / lm_head paths, which this
 # backend does not implement.
 UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
+NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merged
+# Profiler ranges around the eager LoRA calls (docs/perf.md), off unless asked for: a range
+# costs host time on every call even when no profiler runs.
+_eager_range = (
+    torch.profiler.record_function if os.environ.get("SGLANG_VLORA_PROFILE_RANGES") == "1"
+    else lambda _name: contextlib.nullcontext()
+)
 
 
 def segments_from_requests(
@@ -95,12 +104,15 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     def __init__(self, max_loras_per_batch: int, device: torch.device, impl: str | None = None, **kwargs):
         super().__init__(max_loras_per_batch, device)
-        if impl is None:
-            from sglang_vlora.plugin import active_config
+        from sglang_vlora.plugin import active_config
 
-            cfg = active_config()
+        cfg = active_config()
+        if impl is None:
             impl = cfg.atmm_impl if cfg is not None else "auto"
         self.impl = impl
+        # Overlapping items (two layers) come only from a merged adapter; a server whose
+        # policy never merges runs every graph batch with one expand launch per layer.
+        self.graph_layers = 1 if cfg is not None and cfg.policy == NEVER_MERGES else MAX_MODE_LAYERS
         self.work_items: WorkItems | None = None
         self.graph_items: StaticWorkItems | None = None
         self.side_stream: torch.cuda.Stream | None = None
@@ -125,7 +137,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             max_tokens=max_tokens,
             num_slots=self.max_loras_per_batch,
             device=self.device,
-            max_layers=MAX_MODE_LAYERS,
+            max_layers=self.graph_layers,
         )
         if torch.device(self.device).type == "cuda":
             self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
@@ -235,7 +247,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
             return ops.lora_shrink_static(x, weights, self.graph_items, stack_num, impl=self.impl)
-        with torch.profiler.record_function("vlora.eager_lora"):
+        with _eager_range("vlora.eager_lora"):
             return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
     def run_lora_b_sgemm(
@@ -251,7 +263,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_expand_static(x, weights, self.graph_items, offsets, output, impl=self.impl)
-        with torch.profiler.record_function("vlora.eager_lora"):
+        with _eager_range("vlora.eager_lora"):
             return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
     def run_qkv_lora(
@@ -290,7 +302,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_apply_static(x, lora_a, lora_b, self.graph_items, offsets, output, impl=self.impl)
-        with torch.profiler.record_function("vlora.eager_lora"):
+        with _eager_range("vlora.eager_lora"):
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 
     @staticmethod

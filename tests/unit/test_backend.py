@@ -248,3 +248,14 @@ def test_graph_batch_larger_than_captured_is_refused():
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=2, num_tokens_per_req=1)
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(decode_batch(3), [1, 1, 1], SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
+
+
+def test_graph_items_take_one_layer_when_the_policy_never_merges(monkeypatch):
+    from sglang_vlora import plugin
+    from sglang_vlora.config import VLoRAConfig
+
+    for policy, layers in (("unmerge-only", 1), ("vlora", 2), ("manual", 2)):
+        monkeypatch.setattr(plugin, "active_config", lambda policy=policy: VLoRAConfig(policy=policy))
+        backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+        backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
+        assert backend.graph_items.max_layers == layers, policy

@@ -1,0 +1,132 @@
+"""In-server LoRA time next to the kernel benchmark's prediction for the same shapes.
+
+    python bench/layer_cost.py --profile bench/results/profile_h200.json \\
+        --table sglang_vlora/atmm/tables/NVIDIA_H200.json [--out bench/results --tag layer_cost_h200]
+
+In-server (from ``bench/profile_server.py``'s summary of SGLang's profiler traces, one
+window per scenario): the GPU time of the LoRA kernels per forward (prefill) or per decode
+step, and the LoRA *cost*: the growth of the forward's span (prefill) or of the decode
+step period over the no-LoRA server of the same run. Prediction: the tuning table's
+isolated timing (CUDA-graph replays of one launch, the chosen implementation) of each
+kernel the model runs, summed over Qwen2-VL-7B's 28 layers x (qkv shrink + expand, o
+shrink + expand). Prints a table, writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sglang_vlora.atmm import tiling  # noqa: E402
+
+LAYERS = 28
+HIDDEN, KV = 3584, 512
+RANK = 64
+# (shrink key (k, n), expand key (n, s)) of the two LoRA modules of a Qwen2-VL-7B layer
+MODULES = {
+    "qkv": ((HIDDEN, 3 * RANK), (HIDDEN + 2 * KV, 3)),
+    "o": ((HIDDEN, RANK), (HIDDEN, 1)),
+}
+AGREE = 1.3  # in-server LoRA kernel time within this factor of the prediction
+
+
+def entry_us(entries: list[dict], op: str, key: dict[str, int]) -> float:
+    """The nearest entry's time of the implementation the table picks."""
+    entry = tiling.nearest_entry(entries, op, key)
+    if entry is None:
+        raise SystemExit(f"the table has no {op} entry near {key}")
+    impl = entry.get("impl", "triton")
+    if impl == "cuda":
+        return entry["cuda"]["us"]
+    if impl == "cublas":
+        return entry["cublas"]["us"]
+    return entry["us"]
+
+
+def predicted_us(table: dict, tokens: int) -> float:
+    total = 0.0
+    for (k, n), (n_out, s) in MODULES.values():
+        total += entry_us(table["shrink"], "shrink", {"k": k, "n": n, "m": tokens})
+        total += entry_us(table["expand"], "expand", {"n": n_out, "s": s, "r": RANK, "m": tokens})
+    return LAYERS * total
+
+
+def rows(profile: dict, table: dict, system: str) -> list[dict]:
+    out = []
+    floor = profile["systems"]["nolora"]
+    for scenario, s in profile["systems"][system].items():
+        n, prompt, _, _ = (profile["scenarios"][scenario][f] for f in ("requests", "prompt", "output", "adapters"))
+        decode = scenario.startswith("decode")
+        tokens = n if decode else n * prompt
+        lora_us = s["gpu_us_per_step"].get("lora", 0.0)
+        if decode:
+            cost = s["period_us"] - floor[scenario]["period_us"]
+        else:
+            cost = s["span_us_per_step"] - floor[scenario]["span_us_per_step"]
+        pred = predicted_us(table, tokens)
+        out.append({
+            "system": system, "scenario": scenario, "tokens": tokens, "per": "decode step" if decode else "forward",
+            "lora_kernels_us": round(lora_us, 1), "lora_cost_us": round(cost, 1), "predicted_us": round(pred, 1),
+            "kernels_over_prediction": round(lora_us / pred, 3), "cost_over_prediction": round(cost / pred, 3),
+            "lora_kernels_us_per_token": round(lora_us / tokens, 4) if not decode else None,
+        })
+    return out
+
+
+def plot(result: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["scenario"] for r in result]
+    x = range(len(result))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.27
+    ax.bar([i - width for i in x], [r["predicted_us"] for r in result], width, label="kernel table prediction")
+    ax.bar(list(x), [r["lora_kernels_us"] for r in result], width, label="in-server LoRA kernels (GPU)")
+    ax.bar([i + width for i in x], [r["lora_cost_us"] for r in result], width, label="in-server LoRA cost (time)")
+    ax.set_xticks(list(x), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("us per forward / decode step")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--table", type=Path, required=True)
+    ap.add_argument("--system", default="atmm")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--tag", default="layer_cost_h200")
+    args = ap.parse_args()
+    profile = json.loads(args.profile.read_text())
+    table = json.loads(args.table.read_text())
+    result = rows(profile, table, args.system)
+    print(f"{'scenario':9} {'tokens':>6} {'predicted':>10} {'kernels':>9} {'k/pred':>7} {'cost':>9} {'c/pred':>7}")
+    for r in result:
+        print(f"{r['scenario']:9} {r['tokens']:6d} {r['predicted_us']:10.1f} {r['lora_kernels_us']:9.1f} "
+              f"{r['kernels_over_prediction']:7.2f} {r['lora_cost_us']:9.1f} {r['cost_over_prediction']:7.2f}")
+    agree = all(1 / AGREE <= r["kernels_over_prediction"] <= AGREE for r in result)
+    print(f"in-server LoRA kernel time within {AGREE}x of the prediction in every scenario: {agree}")
+    env = profile.get("environment", {})
+    meta = {"device": profile.get("device"), "date": profile.get("date"), "code": env.get("code"),
+            "versions": env.get("versions"), "profile_command": profile.get("command")}
+    doc = {"meta": {**meta, "profile": args.profile.name, "table": args.table.name,
+                    "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
+           "agree_factor": AGREE, "all_within": agree, "rows": result}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(result, args.out / f"{args.tag}.png")
+
+
+if __name__ == "__main__":
+    main()
