@@ -36,7 +36,9 @@ figures go and run ``python bench/report.py``.
 A benchmark that writes a results file should record :func:`provenance` in it (key
 ``"provenance"``): the git revision, whether the working tree was clean, the versions of the
 packages that ran and the machine. Run benchmarks from a clean checkout (``git worktree add``
-of the commit under test) so the revision describes the code that produced the numbers.
+of the commit under test) so the revision describes the code that produced the numbers; on a
+machine that gets a copy of the tree without ``.git``, set ``SGLANG_VLORA_GIT_COMMIT`` and
+``SGLANG_VLORA_GIT_CLEAN`` from the repository (see :func:`git_revision`).
 """
 
 from __future__ import annotations
@@ -99,8 +101,26 @@ def load_renderers(bench_dir: Path = REPO / "bench") -> None:
 # ---------------------------------------------------------------- provenance
 
 
+GIT_ENV = ("SGLANG_VLORA_GIT_COMMIT", "SGLANG_VLORA_GIT_CLEAN")
+
+
 def _git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def git_revision(repo: Path = REPO) -> dict[str, Any]:
+    """The checked-out commit and whether the tracked files are unchanged. A copy of the tree
+    without ``.git`` (a benchmark machine) takes both from ``SGLANG_VLORA_GIT_COMMIT`` and
+    ``SGLANG_VLORA_GIT_CLEAN`` (``1`` or ``0``), computed where the repository is; without
+    them the revision is recorded as unknown."""
+    try:
+        return {
+            "commit": _git("rev-parse", "HEAD", cwd=repo),
+            "clean": _git("status", "--porcelain", "--untracked-files=no", cwd=repo) == "",
+        }
+    except (OSError, subprocess.CalledProcessError):
+        commit, clean = (os.environ.get(name) for name in GIT_ENV)
+        return {"commit": commit, "clean": clean == "1" if commit else False, "from": "environment"}
 
 
 def provenance(repo: Path = REPO) -> dict[str, Any]:
@@ -122,10 +142,7 @@ def provenance(repo: Path = REPO) -> dict[str, Any]:
     except ImportError:
         pass
     return {
-        "git": {
-            "commit": _git("rev-parse", "HEAD", cwd=repo),
-            "clean": _git("status", "--porcelain", "--untracked-files=no", cwd=repo) == "",
-        },
+        "git": git_revision(repo),
         "versions": versions,
         "machine": machine,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -137,7 +154,8 @@ def describe_source(name: str, data: dict[str, Any]) -> str:
     :func:`provenance` existed keep their own fields; a missing revision is said to be missing."""
     prov = data.get("provenance")
     if prov:
-        git = prov["git"]["commit"][:10] + ("" if prov["git"]["clean"] else " (uncommitted changes)")
+        commit = prov["git"]["commit"]
+        git = (commit[:10] if commit else "unknown") + ("" if prov["git"]["clean"] else " (uncommitted changes)")
         device, date, versions = prov["machine"]["device"], prov["date"], dict(prov["versions"])
     else:
         versions = dict(data.get("versions") or {k: data[k] for k in ("torch", "triton", "sglang") if k in data})

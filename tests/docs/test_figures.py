@@ -96,3 +96,16 @@ def test_each_block_names_its_source(name: str) -> None:
     text = report.render(name)
     for results in report.BLOCKS[name].results:
         assert f"From `bench/results/{results}`" in text
+
+
+def test_provenance_outside_a_repository_takes_the_revision_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    for name in report.GIT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert report.git_revision(tmp_path) == {"commit": None, "clean": False, "from": "environment"}
+    monkeypatch.setenv("SGLANG_VLORA_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("SGLANG_VLORA_GIT_CLEAN", "1")
+    assert report.git_revision(tmp_path) == {"commit": "a" * 40, "clean": True, "from": "environment"}
+    prov = report.provenance(tmp_path)
+    assert prov["versions"]["torch"] and prov["machine"]["cpu_count"] >= 1
+    line = report.describe_source("x.json", {"provenance": prov})
+    assert "git revision aaaaaaaaaa." in line
