@@ -4,6 +4,8 @@ unmerged, and every output passes the parity suite's check against HF + peft wha
 mode it ran in. Operator controls and request fields refuse bad values with a 400."""
 
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -170,3 +172,48 @@ def test_an_application_and_slo_change_nothing_in_the_answer(orchestrated):
     tagged = generate(orchestrated, {"vlora_app": "video", "vlora_slo_ms": 500})
     assert tagged.status_code == 200
     assert tagged.json()["text"] == plain.json()["text"]
+
+
+@pytest.fixture(scope="module")
+def dlora_server(tiny_assets, tmp_path_factory):
+    model, adapters = tiny_assets
+    srv = launch(
+        model, adapters, tmp_path_factory.mktemp("dlora") / "server.log",
+        ["--max-loras-per-batch", "5", "--vlora-theta", "60", "--vlora-policy", "dlora"],
+    )
+    yield srv
+    stop(srv)
+
+
+def late_majority(server) -> dict[str, int]:
+    """Three long b16 requests start; 0.5 s later twelve short a8 requests arrive and make
+    a8 the dominant adapter while the b16 requests are still decoding. Returns the
+    iterations each mode ran."""
+    def send(adapter: str, count: int, tokens: int) -> None:
+        texts = [chat_text(f"Scene {adapter} {i}: what moves?", with_image=False) for i in range(count)]
+        httpx.post(
+            server.url + "/generate",
+            json={"text": texts, "lora_path": [adapter] * count,
+                  "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}},
+            timeout=600,
+        ).raise_for_status()
+
+    before = status(server)["orchestrator"]["iterations"]
+    with ThreadPoolExecutor(2) as pool:
+        long_b = pool.submit(send, "b16", 3, 32)
+        time.sleep(0.5)
+        pool.submit(send, "a8", 12, 4).result()
+        long_b.result()
+    after = status(server)["orchestrator"]["iterations"]
+    return {mode: after[mode] - before[mode] for mode in after}
+
+
+def test_accounting_counts_what_ran_mixture_for_vlora_none_for_dlora(orchestrated, dlora_server):
+    """V-LoRA merges a8 at once and runs the b16 requests around it (mixture); dLoRA has no
+    mixture, so it lets the b16 requests finish before it merges: its counters show no
+    mixture iteration (an earlier dLoRA merged with other adapters running, and its
+    batches ran as mixture)."""
+    vlora = late_majority(orchestrated)
+    assert vlora["mixture"] > 0 and vlora["merge"] > 0, vlora
+    dlora = late_majority(dlora_server)
+    assert dlora["mixture"] == 0 and dlora["merge"] > 0, dlora
