@@ -3,13 +3,14 @@
     python bench/run_e2e.py calls                         # what each call runs, in priority order
     python bench/run_e2e.py run --call cpu-smoke          # the harness on the tiny CPU model
     python bench/run_e2e.py run --call mixed-skewed       # one GPU call (< 10 min): 3 servers, 6 measurements
-    python bench/run_e2e.py report bench/results/e2e/*.json --out bench/results/e2e_h200 --readme README.md
+    python bench/run_e2e.py report bench/results/e2e/*.json --readme README.md   # -> bench/results/e2e_h200.*
     python bench/run_e2e.py stamp                         # record the git revision before sending the tree
 
 ``run`` writes ``<out>/<tag>.json`` after every measurement; ``report`` merges any number of
-such files (repeats of a (system, point) across calls add up), writes ``<out>.md`` and
-``<out>_e2e.png`` / ``<out>_lora_cost.png``, and with ``--readme`` rewrites the headline
-table between the README's e2e-headline markers.
+such files (repeats of a (system, point) across calls add up) into ``<out>.json``, writes
+``<out>.md`` and ``<out>_e2e.png`` / ``<out>_lora_cost.png``, and with ``--readme`` puts the
+headline table into the README's ``e2e-headline`` figures block (which ``python
+bench/report.py`` re-renders from ``bench/results/e2e_h200.json``; see bench/figures_e2e.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if str(REPO) not in sys.path:
 from bench.e2e import plan, provenance, report, runner  # noqa: E402
 
 DEFAULT_BUDGET_S = {"gpu": 520.0, "cpu": 1200.0}
+DEFAULT_REPORT = REPO / "bench" / "results" / "e2e_h200"
 
 
 def device_command(call: str) -> str:
@@ -35,10 +37,13 @@ def device_command(call: str) -> str:
 
 def cmd_calls(_args: argparse.Namespace) -> dict[str, Any]:
     for name, call in plan.CALLS.items():
-        measurements = len(plan.order(call, call.systems))
+        order = plan.order(call, call.systems)
+        points = {pid: plan.scaled(plan.points_of(call.scale)[pid], call.scale_requests) for pid in call.points}
+        busy = sum(points[m.point].arrivals_s + runner.OVERHEAD_S[points[m.point].client] for m in order)
         priority = plan.FULL.index(name) + 1 if name in plan.FULL else "-"
         print(f"{name:15} priority {priority}: {call.scale}, servers {', '.join(call.systems)}; points "
-              f"{', '.join(call.points)} x {call.repeats} = {measurements} measurements. {call.why}")
+              f"{', '.join(call.points)} x {call.repeats} = {len(order)} measurements, ~{busy:.0f} s of "
+              f"measuring after start-up and warm-up. {call.why}")
     print("\nOn the GPU machine (repo root, .sgc carried): " + device_command("<call>"))
     return {"calls": list(plan.CALLS)}
 
@@ -55,16 +60,22 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
-    runs = report.load(args.results)
     out: Path = args.out
+    if args.readme is not None and args.readme.resolve() == REPO / "README.md" and out.resolve() != DEFAULT_REPORT:
+        raise SystemExit(f"error: --readme README.md needs --out {DEFAULT_REPORT.relative_to(REPO)} (the file its "
+                         "figures block reads)")
+    runs = report.load(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
+    combined = report.merged(runs, [_rel(p) for p in args.results])
+    runner.write_json(out.with_suffix(".json"), combined)
     md = out.with_suffix(".md")
     md.write_text(report.markdown(runs))
-    files = [md, *report.plots(runs, out)]
+    files = [out.with_suffix(".json"), md, *report.plots(runs, out)]
     if args.readme is not None:
-        source = ", ".join(f"`{_rel(p)}`" for p in args.results)
+        from bench import figures_e2e
+
         text = args.readme.read_text()
-        args.readme.write_text(report.replace_block(text, report.headline(runs, source)))
+        args.readme.write_text(report.put_headline(text, figures_e2e.block_text(combined, out.name + ".json")))
         files.append(args.readme)
     print("[e2e] wrote " + ", ".join(map(str, files)))
     return {"files": [str(f) for f in files], "aggregate": report.aggregate(runs)}
@@ -106,8 +117,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("report", help="merge results files into markdown, plots, README table")
     m.add_argument("results", nargs="+", type=Path)
-    m.add_argument("--out", type=Path, required=True, help="output stem: <out>.md, <out>_e2e.png, ...")
-    m.add_argument("--readme", type=Path, help="rewrite the headline table between the e2e-headline markers")
+    m.add_argument("--out", type=Path, default=DEFAULT_REPORT,
+                   help="output stem: <out>.json (merged), <out>.md, <out>_e2e.png, <out>_lora_cost.png")
+    m.add_argument("--readme", type=Path, help="put the headline table into this file's e2e-headline block")
     m.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
     args.argv = list(argv)

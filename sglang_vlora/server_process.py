@@ -183,6 +183,15 @@ def launch(command: Sequence[str], log_path: Path, timeout_s: float, **kwargs) -
     return server
 
 
+def terminate(server: ServerProcess) -> None:
+    """SIGTERM to the server's process group, without waiting."""
+    if server.alive():
+        try:
+            os.killpg(server.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def stop(server: ServerProcess, grace_s: float = 30.0) -> None:
     """SIGTERM to the server's process group, SIGKILL after ``grace_s``."""
     if not server.alive():

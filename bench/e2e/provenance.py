@@ -146,22 +146,43 @@ def revision_label(state: dict[str, Any]) -> str:
 
 
 def gpu_info() -> dict[str, Any] | None:
-    """GPU 0 from nvidia-smi (no CUDA context in this process: it would hold GPU memory
-    while the servers run); None without one."""
+    """GPU 0 from nvidia-smi, else from torch in a child process (no CUDA context in this
+    process: it would hold GPU memory while the servers run); None without a GPU."""
     if not shutil.which("nvidia-smi"):
-        return None
+        return _torch_gpu_info()
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return _torch_gpu_info()
     rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
     if not rows or len(rows[0]) != 4:
-        return None
+        return _torch_gpu_info()
     name, total, free, driver = rows[0]
     return {"name": name, "count": len(rows), "memory_total_mib": int(float(total)),
-            "memory_free_mib": int(float(free)), "driver": driver}
+            "memory_free_mib": int(float(free)), "driver": driver, "source": "nvidia-smi"}
+
+
+_TORCH_QUERY = (
+    "import json, torch\n"
+    "if torch.cuda.is_available():\n"
+    "    free, total = torch.cuda.mem_get_info(0)\n"
+    "    print(json.dumps({'name': torch.cuda.get_device_name(0), 'count': torch.cuda.device_count(),\n"
+    "                      'memory_total_mib': total >> 20, 'memory_free_mib': free >> 20, 'driver': None,\n"
+    "                      'source': 'torch'}))\n"
+)
+
+
+def _torch_gpu_info() -> dict[str, Any] | None:
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        out = subprocess.run([sys.executable, "-c", _TORCH_QUERY], capture_output=True, text=True, timeout=180)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if out.returncode == 0 and lines else None
 
 
 def environment(gpu: dict[str, Any] | None) -> dict[str, Any]:

@@ -24,16 +24,23 @@ from bench.e2e import plan
 from bench.e2e.provenance import revision_label
 
 SCHEMAS = ("sglang-vlora/e2e/v2",)
-HEADLINE_BEGIN = "<!-- e2e-headline:begin (written by bench/run_e2e.py report; do not edit) -->"
-HEADLINE_END = "<!-- e2e-headline:end -->"
+MERGED_SCHEMA = "sglang-vlora/e2e-merged/v1"
+# Where the headline table goes before its first rendering; afterwards it is a figures block
+# of bench/report.py (bench/figures_e2e.py), re-rendered by either script.
+PLACEHOLDER = re.compile(r"<!-- e2e-headline:begin[^>]*-->.*?<!-- e2e-headline:end -->", re.S)
+FIGURES_BLOCK = re.compile(r"<!-- figures:e2e-headline -->\n.*?<!-- /figures:e2e-headline -->", re.S)
 SYSTEM_ORDER = list(plan.SYSTEMS)
 
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Results files, checked: known schema, one scale for all."""
+    """Results files, checked: known schema, one scale for all. A merged file (see
+    :func:`merged`) contributes its runs."""
     runs = []
     for path in paths:
         data = json.loads(Path(path).read_text())
+        if data.get("schema") == MERGED_SCHEMA:
+            runs += [{**r, "_file": str(path)} for r in data["runs"]]
+            continue
         if data.get("schema") not in SCHEMAS:
             raise ValueError(f"{path}: schema {data.get('schema')!r} is not one of {SCHEMAS} "
                              "(older e2e results cannot be merged with these)")
@@ -241,12 +248,37 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str, begin: str = HEADLINE_BEGIN, end: str = HEADLINE_END) -> str:
-    """``text`` with what lies between the ``begin`` and ``end`` markers replaced by ``block``."""
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"the markers {begin!r} ... {end!r} are not in the file: add them where the table goes")
-    return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text, count=1)
+def put_headline(text: str, block_text: str) -> str:
+    """``text`` with its e2e headline block (or the placeholder for it) replaced by ``block_text``."""
+    for pattern in (FIGURES_BLOCK, PLACEHOLDER):
+        if pattern.search(text):
+            return pattern.sub(lambda _: block_text, text, count=1)
+    raise ValueError("no e2e headline block in the file: put <!-- e2e-headline:begin --><!-- e2e-headline:end --> "
+                     "where the table goes")
+
+
+def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
+    """One results file for the docs: every run (without the raw ``/vlora/status``
+    snapshots), the files they came from, and ``provenance`` in :mod:`bench.report`'s layout
+    (clean only if every run's code was clean; ``commit`` the newest run's revision, all of
+    them under ``revisions``)."""
+    newest = max(runs, key=lambda r: r["date"])
+    states = [r.get("code", {}) for r in runs]
+    revisions = sorted({s.get("revision") or "unknown" for s in states})
+    clean = all(s.get("dirty") is False and s.get("revision") for s in states)
+    versions = {k: v for k, v in newest["versions"].items() if not k.endswith("_source")}
+    slim = [{**{k: v for k, v in r.items() if k != "_file"},
+             "measurements": [{k: v for k, v in m.items() if k != "vlora_status"} for m in r["measurements"]]}
+            for r in runs]
+    return {
+        "schema": MERGED_SCHEMA,
+        "provenance": {"git": {"commit": newest.get("code", {}).get("revision") or "unknown", "clean": clean},
+                       "revisions": revisions, "versions": versions,
+                       "machine": {"device": newest["device"], "platform": newest.get("platform")},
+                       "date": newest["date"]},
+        "sources": list(sources),
+        "runs": slim,
+    }
 
 
 def plots(runs: Sequence[dict[str, Any]], prefix: Path) -> list[Path]:

@@ -17,6 +17,7 @@ import signal
 import time
 import traceback
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ SCHEMA = "sglang-vlora/e2e/v2"
 WARMUP_REQUESTS = 8
 # Seconds a measurement takes beyond its arrivals: the last requests, status calls, and for
 # SGLang's client its start (imports, tokenizer).
-OVERHEAD_S = {"sglang": 20.0, "retrieval": 8.0, "video": 8.0}
+OVERHEAD_S = {"sglang": 10.0, "retrieval": 8.0, "video": 8.0}
 
 
 def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed: int,
@@ -108,6 +109,22 @@ class Clients:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+
+
+def warm_up_all(report: dict[str, Any], call: Call, live: dict[str, ServerProcess], names: Sequence[str],
+                seed: int) -> None:
+    """Every server's warm-up at once: it is not timed, and Triton's JIT compilation, the
+    longest part, runs on the CPU, so the servers compile in parallel."""
+    points = [plan.points_of(call.scale)[p] for p in call.points]
+    with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+        futures = {name: pool.submit(warm_up, srv, [p for p in points if p.runs_on(name)], names,
+                                     plan.SYSTEMS[name].lora, seed) for name, srv in live.items()}
+    for name, future in futures.items():
+        try:
+            report["systems"][name]["warmup"] = future.result()
+        except Exception as e:  # the measurements will show whether the server works
+            report["systems"][name]["warmup"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"[e2e] {name}: warmed up {report['systems'][name]['warmup']}", flush=True)
 
 
 def measure_one(server: ServerProcess, system: plan.System, point: Point, names: Sequence[str], seed: int,
@@ -217,11 +234,7 @@ def run_call(call: Call, argv: Sequence[str], out: Path, log_dir: Path, tag: str
             clients.sglang()
         live = start_servers(report, call, model, adapters, log_dir, extra, force)
         names = list(adapters)
-        points = [plan.points_of(call.scale)[p] for p in call.points]
-        for name, srv in live.items():
-            mine = [p for p in points if p.runs_on(name)]
-            report["systems"][name]["warmup"] = warm_up(srv, mine, names, plan.SYSTEMS[name].lora, seed)
-            print(f"[e2e] {name}: warmed up {report['systems'][name]['warmup']}", flush=True)
+        warm_up_all(report, call, live, names, seed)
         write_json(json_path, _public(report))
         run_measurements(report, call, live, names, seed, deadline, json_path, clients)
     except BaseException as e:  # recorded, then re-raised after the servers are stopped

@@ -141,9 +141,13 @@ def wait_all(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, s
     return failed
 
 
-def stop_all(servers: dict[str, ServerProcess]) -> None:
+def stop_all(servers: dict[str, ServerProcess], grace_s: float = 20.0) -> None:
+    """SIGTERM to every server first, then wait (so stopping N servers takes one grace period)."""
     for srv in servers.values():
-        server_process.stop(srv)
+        server_process.terminate(srv)
+    deadline = time.monotonic() + grace_s
+    for srv in servers.values():
+        server_process.stop(srv, grace_s=max(1.0, deadline - time.monotonic()))
 
 
 def vlora_status(server: ServerProcess) -> dict[str, Any] | None:

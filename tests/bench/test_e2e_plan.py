@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bench import figures_e2e
+from bench import report as bench_report
 from bench.e2e import plan, provenance, report, servers
 
 
@@ -157,14 +159,24 @@ def test_report_refuses_mixed_scales_and_old_files(tmp_path):
         report.load([b])
 
 
-def test_headline_block_is_rewritten_between_markers_only():
+def test_headline_goes_into_the_placeholder_then_its_figures_block():
     runs = [_run("one", [_measurement("nolora", "sgl-mixed", 0, 800), _measurement("vlora", "sgl-mixed", 0, 900),
                          _measurement("csgmv", "sgl-mixed", 0, 1200)])]
     runs[0]["code"]["dirty"] = True
-    text = f"intro\n{report.HEADLINE_BEGIN}\nold table\n{report.HEADLINE_END}\nafter\n"
-    new = report.replace_block(text, report.headline(runs, "`x.json`"))
-    assert new.startswith("intro\n") and new.endswith(f"{report.HEADLINE_END}\nafter\n")
-    assert "old table" not in new and "| 1024 in / 64 out | 800 (n=1) | 900 (n=1) | 1200 (n=1) | 0.25 |" in new
-    assert "aaaaaaaaaa DIRTY" in new and "WARNING" in new
-    with pytest.raises(ValueError, match="markers"):
-        report.replace_block("no markers", "x")
+    combined = report.merged(runs, ["bench/results/e2e/one.json"])
+    assert combined["provenance"]["git"] == {"commit": "a" * 40, "clean": False}
+    assert combined["runs"][0]["measurements"] == runs[0]["measurements"] and "_file" not in combined["runs"][0]
+    text = "intro\n<!-- e2e-headline:begin -->\nno results yet\n<!-- e2e-headline:end -->\nafter\n"
+    first = report.put_headline(text, figures_e2e.block_text(combined))
+    assert first.startswith("intro\n<!-- figures:e2e-headline -->\n") and first.endswith("-->\nafter\n")
+    assert "no results yet" not in first
+    assert "| 1024 in / 64 out | 800 (n=1) | 900 (n=1) | 1200 (n=1) | 0.25 |" in first
+    assert "aaaaaaaaaa DIRTY" in first and "WARNING" in first
+    assert "From `bench/results/e2e_h200.json`" in first and "(uncommitted changes)" in first
+    # The figures block, as bench/report.py finds it, is rewritten in place the next time.
+    assert bench_report.MARKER.search(first)["name"] == "e2e-headline"
+    runs[0]["measurements"][1]["metrics"]["e2e_ms"]["mean"] = 950
+    second = report.put_headline(first, figures_e2e.block_text(report.merged(runs, ["x"])))
+    assert "| 950 (n=1) |" in second and second.count("figures:e2e-headline") == 2
+    with pytest.raises(ValueError, match="no e2e headline block"):
+        report.put_headline("no markers", "x")

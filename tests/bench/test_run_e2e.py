@@ -56,8 +56,11 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
     assert vu["completed"] == vu["output_tokens"] > 0  # one token per head answer
 
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{report.HEADLINE_BEGIN}\nold\n{report.HEADLINE_END}\n")
+    readme.write_text("# x\n<!-- e2e-headline:begin -->\nold\n<!-- e2e-headline:end -->\n")
     run_e2e.main(["report", str(out / "smoke.json"), "--out", str(tmp_path / "merged"), "--readme", str(readme)])
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["runs"][0]["run_id"] == result["run_id"] and merged["provenance"]["git"]["commit"]
+    assert report.load([tmp_path / "merged.json"])[0]["measurements"][0]["metrics"] == done[0]["metrics"]
     md = (tmp_path / "merged.md").read_text()
     for text in ("## Every point", "retrieval, 56/112 px", "n=2",
                  "What the orchestrator did", "server nolora skipped", "tiny random-weight"):
