@@ -61,10 +61,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 DOC_GLOBS = ("README.md", "docs/*.md")
+# A marker is a line of its own (a marker quoted inside a sentence is not one).
 MARKER = re.compile(
-    r"(?P<open><!-- figures:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<close><!-- /figures:(?P=name) -->)", re.S
+    r"(?P<open>^<!-- figures:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<close>^<!-- /figures:(?P=name) -->$)",
+    re.S | re.M,
 )
-ANY_MARKER = re.compile(r"<!-- /?figures:([\w.-]+) -->")
+ANY_MARKER = re.compile(r"^<!-- /?figures:([\w.-]+) -->$", re.M)
 VERSIONED_PACKAGES = ("torch", "triton", "transformers", "peft", "sglang", "sglang-vlora", "numpy")
 
 
@@ -186,7 +188,7 @@ def rewrite(text: str, where: str, results_dir: Path = RESULTS) -> tuple[str, li
     problems = []
     opened = ANY_MARKER.findall(text)
     for name in set(opened):
-        if opened.count(name) % 2 or not re.search(rf"<!-- figures:{re.escape(name)} -->\n", text):
+        if opened.count(name) % 2 or not re.search(rf"^<!-- figures:{re.escape(name)} -->\n", text, re.M):
             problems.append(f"{where}: markers of block {name!r} are not paired (open on its own line, then close)")
         elif name not in BLOCKS:
             problems.append(f"{where}: block {name!r} has no renderer (known: {sorted(BLOCKS)})")

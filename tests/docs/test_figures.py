@@ -109,3 +109,10 @@ def test_provenance_outside_a_repository_takes_the_revision_from_the_environment
     assert prov["versions"]["torch"] and prov["machine"]["cpu_count"] >= 1
     line = report.describe_source("x.json", {"provenance": prov})
     assert "git revision aaaaaaaaaa." in line
+
+
+def test_a_marker_quoted_in_a_sentence_is_not_a_block(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("Put `<!-- figures:e2e-headline -->` on a line of its own.\n")
+    assert report.update([doc], write=False) == []
+    assert doc.read_text() == "Put `<!-- figures:e2e-headline -->` on a line of its own.\n"
