@@ -23,7 +23,9 @@ Two facts of the server as built shape every policy here (named in docs/orchestr
   measured cost of the switch divided by ``switch_budget`` (so switching takes at most
   about that fraction of the time); until then the current weights serve the running
   requests and the decided admissions (mixture serves any request, so no request waits
-  for the budget). With nothing running, the budget does not hold a switch back.
+  for the budget). With nothing running, the budget does not hold a switch back. The
+  weights also stay when the adapter to merge would find no pool slot (the running
+  requests' adapters and the merged one fill ``adapter_slots``).
 
 Starving requests are ordered by tighter SLO first (no SLO last), then by larger credit;
 the others by running before waiting (they hold KV), then arrival. Admissions stop at
@@ -259,6 +261,18 @@ def build_decision(
     )
 
 
+def fits_in_slots(state: SchedulerState, config: PolicyConfig, adapter: str | None) -> bool:
+    """Whether merging ``adapter`` finds a pool slot: the running requests' adapters, the
+    one merged now (it leaves the pool only after the switch) and ``adapter`` must fit in
+    ``adapter_slots``; the mode controller refuses the switch otherwise."""
+    if adapter is None or adapter == state.merged or config.adapter_slots is None:
+        return True
+    needed = {r.adapter for r in state.running} | {adapter}
+    if state.merged is not None:
+        needed.add(state.merged)
+    return len(needed) <= config.adapter_slots
+
+
 def within_switch_budget(state: SchedulerState, config: PolicyConfig, cost: CostModel, adapter: str | None) -> bool:
     """Whether moving the weights to ``adapter`` merged keeps switching within the budget:
     the time since the last switch is at least this switch's cost / ``switch_budget``.
@@ -294,6 +308,8 @@ class VLoRAPolicy(SchedulingPolicy):
         else:
             # Lines 13-15: unmerge; the starving first, then everyone.
             adapter, order = None, starving_first(starving, state.requests, state)
-        if not within_switch_budget(state, self.config, self.cost, adapter):
+        if not (
+            fits_in_slots(state, self.config, adapter) and within_switch_budget(state, self.config, self.cost, adapter)
+        ):
             adapter = state.merged  # these weights serve the same admissions (mixture serves any request)
         return Plan(adapter, order)

@@ -195,3 +195,16 @@ def test_the_switch_budget_holds_a_switch_back_until_it_has_paid_for_itself():
     assert (moved.mode, moved.adapter, moved.admit) == (Mode.MIXTURE, "b", ("b1", "b2", "b3"))
     idle_gpu = decide(last_switch=1.0, busy=False)  # nothing running: nothing to serve meanwhile
     assert (idle_gpu.mode, idle_gpu.adapter) == (Mode.MERGE, "b")
+
+
+def test_no_switch_to_an_adapter_without_a_free_pool_slot():
+    """a is merged and c's request runs; b is the majority. With three pool slots b
+    merges (c runs around it); with two, merging b would need a third slot while c runs:
+    the weights stay (the controller would refuse the switch) and b waits for a slot."""
+    busy = [running("c1", "c", 0.9)]
+    waiting = [req(f"b{i}", "b", 1.0) for i in (1, 2, 3)]
+    current = state(1.0, waiting, busy, Mode.MIXTURE, "a")
+    decision = make_policy("vlora", PolicyConfig(THETA, 4, adapter_slots=3), cost_model()).decide(current)
+    assert (decision.mode, decision.adapter) == (Mode.MIXTURE, "b")
+    decision = make_policy("vlora", PolicyConfig(THETA, 4, adapter_slots=2), cost_model()).decide(current)
+    assert (decision.mode, decision.adapter, decision.batch) == (Mode.MIXTURE, "a", ("c1",))
