@@ -1,0 +1,59 @@
+"""The plugin's routes carry SGLang's auth levels, like SGLang's own admin endpoints:
+``POST /vlora/mode`` is ADMIN_OPTIONAL (with an admin key only it; with only ``--api-key``
+that key; with no key open), ``GET /vlora/status`` reads with any configured key. Three
+servers: both keys (the reliability server), only ``--api-key``, and none (the shared one)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import launch, stop
+from tests.reliability.conftest import ADMIN, ADMIN_KEY, USER, USER_KEY
+
+NONE: dict = {}
+WRONG = {"Authorization": "Bearer wrong"}
+UNMERGE = {"mode": "unmerge"}
+
+
+def mode_status(server, headers: dict) -> int:
+    return httpx.post(server.url + "/vlora/mode", json=UNMERGE, headers=headers, timeout=60).status_code
+
+
+def status_status(server, headers: dict) -> int:
+    return httpx.get(server.url + "/vlora/status", headers=headers, timeout=60).status_code
+
+
+@pytest.fixture(scope="module")
+def user_key_only(tiny_assets, tmp_path_factory):
+    model, adapters = tiny_assets
+    srv = launch(
+        model, {"a8": adapters["a8"]}, tmp_path_factory.mktemp("user_key_only") / "server.log",
+        ["--vlora-policy", "manual", "--api-key", USER_KEY],
+    )
+    yield srv
+    stop(srv)
+
+
+def test_both_keys_mode_takes_only_the_admin_key_status_either(guarded):
+    assert [mode_status(guarded, h) for h in (NONE, WRONG, USER, ADMIN)] == [401, 401, 401, 200]
+    assert [status_status(guarded, h) for h in (NONE, WRONG, USER, ADMIN)] == [401, 401, 200, 200]
+    # SGLang's own levels, unchanged: its admin endpoint refuses the user key, generation the admin key.
+    load = httpx.post(guarded.url + "/load_lora_adapter", json={"lora_name": "x", "lora_path": "y"}, headers=USER, timeout=60)
+    assert load.status_code == 401
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    assert httpx.post(guarded.url + "/generate", json=body, headers=ADMIN, timeout=60).status_code == 401
+    assert httpx.post(guarded.url + "/generate", json=body, headers=USER, timeout=60).status_code == 200
+
+
+def test_only_the_api_key_guards_every_route(user_key_only):
+    assert [mode_status(user_key_only, h) for h in (NONE, WRONG, USER)] == [401, 401, 200]
+    assert [status_status(user_key_only, h) for h in (NONE, WRONG, USER)] == [401, 401, 200]
+    admin_like = {"Authorization": f"Bearer {ADMIN_KEY}"}  # not configured here: just a wrong key
+    assert mode_status(user_key_only, admin_like) == 401
+
+
+def test_no_keys_leave_the_routes_open(server):
+    assert mode_status(server, NONE) == 200
+    assert status_status(server, NONE) == 200
+    assert status_status(server, WRONG) == 200  # nothing to check a key against, as for SGLang's routes
