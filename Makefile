@@ -11,7 +11,7 @@ PORT    ?= 30000
 SERVE_ARGS ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install serve test lint bench tune test-gpu tiny
+.PHONY: install serve test lint bench tune test-gpu tiny soak
 
 install: $(VENV)/.installed
 
@@ -57,3 +57,10 @@ tune: install
 # Kernel checks on a GPU (CI runs the same kernels in Triton's interpreter).
 test-gpu: install
 	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu
+
+# The reliability tests' mixed load (every adapter, text and images, mode switches, hot
+# load/unload) for SOAK_S seconds instead of two rounds, then the fault and slot tests; bounded.
+SOAK_S ?= 300
+soak: install
+	VLORA_SOAK_S=$(SOAK_S) TRITON_INTERPRET=1 timeout $$(( $(SOAK_S) + 900 )) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/reliability/test_load.py tests/reliability/test_faults.py
