@@ -1,13 +1,15 @@
 """Algorithm 1's MaxBS and theta for a server started without ``--vlora-max-batch`` /
 ``--vlora-theta``: derived from what the server runs, with where each came from.
 
-* **max batch**: the peak of requests in flight (running + waiting) over the last
-  ``window`` scheduling steps, at most the capacity (SGLang's max running requests, and
-  the largest captured decode CUDA graph when graphs are on: beyond it decode runs
-  eagerly). SGLang's max running requests alone (4096 by default) would make the merge
-  condition "one adapter holds more than half of MaxBS" unreachable; the batch the
-  server actually runs makes it "one adapter holds most of the requests in flight", the
-  situation merging pays off in.
+* **max batch**: the requests in flight (running + waiting) at this scheduling step, at
+  most the capacity (SGLang's max running requests, and the largest captured decode CUDA
+  graph when graphs are on: beyond it decode runs eagerly). That is the batch the server
+  would run if it admitted everyone, so Algorithm 1's merge condition "one adapter holds
+  more than half of MaxBS" reads "one adapter holds most of the requests in flight", the
+  situation merging pays off in. SGLang's max running requests alone (4096 by default)
+  would make it unreachable. As a batch cap it admits everyone who is waiting, as SGLang
+  would. The switch budget (:mod:`~sglang_vlora.orchestrator.policy`), not a smoothed
+  MaxBS, keeps the weights from following every arrival.
 * **theta**: ``theta_factor`` (2) times the mean execution time (first run to finish)
   of the last ``finished_window`` finished requests: a request starves once it has
   waited about as long as a request takes to run. Execution rather than end-to-end time,
@@ -32,7 +34,6 @@ class DerivedLimits:
         theta: float | None,
         capacity: int,
         capacity_source: str,
-        window: int = 256,
         finished_window: int = 64,
         theta_factor: float = 2.0,
     ) -> None:
@@ -43,12 +44,12 @@ class DerivedLimits:
         self.capacity = capacity
         self.capacity_source = capacity_source
         self.theta_factor = theta_factor
-        self._in_flight: deque[int] = deque(maxlen=window)
+        self._in_flight = 0
         self._executions: deque[float] = deque(maxlen=finished_window)
 
     def observe(self, in_flight: int) -> None:
-        """Requests in flight (running + waiting) at one scheduling step."""
-        self._in_flight.append(in_flight)
+        """Requests in flight (running + waiting) at this scheduling step."""
+        self._in_flight = in_flight
 
     def finished(self, execution_s: float) -> None:
         """A request finished ``execution_s`` seconds after it first ran."""
@@ -58,11 +59,9 @@ class DerivedLimits:
     def max_batch(self) -> tuple[int, str]:
         if self._max_batch_flag is not None:
             return self._max_batch_flag, "--vlora-max-batch"
-        peak = max(self._in_flight, default=1)
         return (
-            max(1, min(self.capacity, peak)),
-            f"peak of requests in flight over the last {len(self._in_flight)} scheduling steps, "
-            f"at most {self.capacity} ({self.capacity_source})",
+            max(1, min(self.capacity, self._in_flight)),
+            f"requests in flight (running + waiting), at most {self.capacity} ({self.capacity_source})",
         )
 
     def theta(self) -> tuple[float, str]:

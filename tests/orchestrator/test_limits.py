@@ -13,24 +13,25 @@ def test_flags_win_and_say_so():
     assert limits.theta() == (5.0, "--vlora-theta")
 
 
-def test_max_batch_is_the_peak_in_flight_within_the_window_and_capacity():
-    limits = DerivedLimits(None, None, capacity=160, capacity_source="largest decode CUDA graph", window=3)
+def test_max_batch_is_the_requests_in_flight_within_capacity():
+    limits = DerivedLimits(None, None, capacity=160, capacity_source="largest decode CUDA graph")
     assert limits.max_batch()[0] == 1  # nothing seen yet
-    for in_flight in (9, 4, 6, 7):  # 9 falls out of the window
+    for in_flight in (9, 4, 7):
         limits.observe(in_flight)
     value, source = limits.max_batch()
     assert value == 7
-    assert "peak of requests in flight" in source and "160 (largest decode CUDA graph)" in source
+    assert source == "requests in flight (running + waiting), at most 160 (largest decode CUDA graph)"
     limits.observe(500)
     assert limits.max_batch()[0] == 160
+    limits.observe(0)
+    assert limits.max_batch()[0] == 1
 
 
 def test_a_skewed_load_of_ten_in_flight_can_merge_under_the_derived_max_batch():
     """With SGLang's 4096 as MaxBS no adapter ever holds more than half of it; with the
     batch the server runs, 7 of 10 requests on one adapter do."""
     limits = DerivedLimits(None, None, capacity=4096, capacity_source="max running requests")
-    for in_flight in (8, 10, 9):
-        limits.observe(in_flight)
+    limits.observe(10)
     assert 2 * 7 > limits.max_batch()[0]
 
 

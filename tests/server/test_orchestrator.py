@@ -24,7 +24,7 @@ def orchestrated(tiny_assets, tmp_path_factory):
     srv = launch(
         model, adapters, tmp_path_factory.mktemp("orchestrated") / "server.log",
         # theta far above the run time: nothing starves, so the mode follows the workload mix.
-        # No --vlora-max-batch: the max batch is derived from the requests in flight.
+        # No --vlora-max-batch: the max batch is the requests in flight.
         # Small prefill chunks: long prompts are chunked, and the chunked request is part of
         # the policy's running set.
         ["--max-loras-per-batch", "5", "--vlora-theta", "60",
@@ -77,8 +77,10 @@ def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     state = status(orchestrated)
     assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
     assert state["mode"] == "unmerge"  # the other adapters' requests ran last
-    # no --vlora-max-batch: the max batch is the peak in flight, here most of the 32 sent together
-    assert len(adapters) / 2 < state["orchestrator"]["max_batch"] <= len(adapters)
+    # no --vlora-max-batch: the max batch is the requests in flight (it ran merged with that),
+    # at most SGLang's max running requests (no CUDA graphs on CPU)
+    assert state["orchestrator"]["max_batch"] <= len(adapters)
+    assert state["orchestrator"]["max_batch_source"].endswith("(max running requests)")
 
 
 def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
@@ -114,7 +116,7 @@ def test_chunked_long_prompts_and_shared_prefixes_match_hf(orchestrated, referen
 def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     report = status(orchestrated)["orchestrator"]
     assert (report["policy"], report["theta_s"], report["theta_source"]) == ("vlora", 60.0, "--vlora-theta")
-    assert report["max_batch_source"].startswith("peak of requests in flight")
+    assert report["max_batch_source"].startswith("requests in flight")
     costs = report["cost_model"]
     assert costs["source"] == "measured while serving"
     assert costs["decode_step_s"]["unmerge"] > 0 and costs["prefill_token_s"]["unmerge"] > 0
