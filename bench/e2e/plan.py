@@ -11,7 +11,7 @@ of any number of calls; every measurement of the same (system, point) is a repea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from bench import workloads
 
@@ -237,27 +237,27 @@ def order(call: Call, runnable: Sequence[str]) -> list[Measurement]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Setup:
     """Model, adapters and the flags every server of a scale gets."""
 
     scale: str
     adapters: int
     ranks: tuple[int, ...]
-    common_flags: list[str] = field(default_factory=list)
-    lora_flags: list[str] = field(default_factory=list)
+    common_flags: tuple[str, ...] = ()
+    lora_flags: tuple[str, ...] = ()
     start_timeout_s: float = 600.0
-    caveats: list[str] = field(default_factory=list)
+    caveats: tuple[str, ...] = ()
 
 
 GPU_SETUP = Setup(
     "gpu", adapters=4, ranks=(64,),
-    common_flags=["--load-format", "dummy", "--dtype", "bfloat16", "--attention-backend", "triton",
+    common_flags=("--load-format", "dummy", "--dtype", "bfloat16", "--attention-backend", "triton",
                   "--sampling-backend", "pytorch", "--mm-attention-backend", "sdpa",
-                  "--max-total-tokens", "65536", "--sleep-on-idle"],
-    lora_flags=["--max-lora-rank", "64", "--max-loras-per-batch", "4"],
+                  "--max-total-tokens", "65536", "--sleep-on-idle"),
+    lora_flags=("--max-lora-rank", "64", "--max-loras-per-batch", "4"),
     start_timeout_s=420.0,
-    caveats=[
+    caveats=(
         "Model: Qwen2-VL-7B's shape (28 layers, hidden 3584, 32-layer ViT) with --load-format dummy: random "
         "weights, so answers are meaningless; ignore_eos fixes every request's output length. The tokenizer is "
         "the tiny model's (prompt token counts differ from Qwen2's tokenizer; random-ids prompts are exact).",
@@ -270,13 +270,13 @@ GPU_SETUP = Setup(
         "only with this caveat.",
         "The servers of one call share the GPU (each holds its weights, a 65536-token KV cache and its "
         "CUDA graphs); only the one being measured gets requests, the others sleep (--sleep-on-idle).",
-    ],
+    ),
 )
 CPU_SETUP = Setup(
-    "cpu", adapters=4, ranks=(8, 16), common_flags=["--dtype", "float32"],
-    lora_flags=["--max-lora-rank", "16", "--max-loras-per-batch", "4"],
-    caveats=["CPU scale: a tiny random-weight Qwen2-VL on CPU with the torch reference paths. It checks the "
-             "harness end to end; its numbers say nothing about GPU serving."],
+    "cpu", adapters=4, ranks=(8, 16), common_flags=("--dtype", "float32"),
+    lora_flags=("--max-lora-rank", "16", "--max-loras-per-batch", "4"),
+    caveats=("CPU scale: a tiny random-weight Qwen2-VL on CPU with the torch reference paths. It checks the "
+             "harness end to end; its numbers say nothing about GPU serving.",),
 )
 
 
