@@ -12,9 +12,9 @@ other's way:
   reached even for the server whose memory baseline is taken after the others loaded; the
   call is refused up front when the servers' estimated footprint exceeds the free memory;
 * compute: only the measured server gets requests; the others idle in
-  ``--sleep-on-idle`` (their schedulers block on their sockets instead of polling, and
-  return cached activation memory) and the client waits until every server's
-  start-up is over before the first measurement;
+  ``--sleep-on-idle`` (their schedulers block on their sockets instead of spinning on a
+  CPU core, and launch no GPU work), and the first measurement waits until every server's
+  start-up is over;
 * warm-up: every server gets an untimed burst of each point's kind of request (JIT
   compilation, first adapter loads, the orchestrator's first cost measurements) before
   any measurement.
