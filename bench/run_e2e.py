@@ -64,6 +64,8 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.readme is not None and args.readme.resolve() == REPO / "README.md" and out.resolve() != DEFAULT_REPORT:
         raise SystemExit(f"error: --readme README.md needs --out {DEFAULT_REPORT.relative_to(REPO)} (the file its "
                          "figures block reads)")
+    if out.with_suffix(".json").resolve() in {Path(r).resolve() for r in args.results}:
+        raise SystemExit(f"error: --out {out} would overwrite its input {out.with_suffix('.json')}: choose another")
     runs = report.load(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     combined = report.merged(runs, [_rel(p) for p in args.results])
