@@ -102,6 +102,9 @@ def test_head_requests_share_a_batch_with_generation(server, head_adapter):
     assert batch[0]["meta_info"]["vlora_head"][0]["label"] == alone_head["meta_info"]["vlora_head"][0]["label"]
     assert batch[1]["text"] == alone_gen["text"]
     assert batch[1]["meta_info"]["completion_tokens"] == 6
+    # Only head requests carry the field (SGLang pads the batch's other requests with nulls).
+    assert "vlora_head" not in batch[1]["meta_info"]
+    assert "vlora_head" not in alone_gen["meta_info"]
 
 
 @pytest.mark.parametrize(
@@ -111,6 +114,7 @@ def test_head_requests_share_a_batch_with_generation(server, head_adapter):
         (None, True, "needs an adapter"),
         ("c32_head", "no-such-task", "no head for task"),
         ("c32_head", 3, "must be true or a task name"),
+        ("c32_head", {"vlora_head": True}, "must be true or a task name"),
     ],
 )
 def test_bad_head_requests_are_400(server, head_adapter, adapter, head, reason):

@@ -79,6 +79,8 @@ def test_switches_and_unmerge_restore_the_base(server, reference, unmerged_after
         ({"mode": "unmerge", "adapter": "a8"}, "takes no adapter"),
         ({"mode": 3}, "mode must be a string"),
         ([1, 2], "must be"),
+        ({"mode": "unmerge", "adapters": "a8"}, "unknown field(s) ['adapters']"),
+        ({"mode": "unmerge", "wait_s": "long"}, "wait_s must be a number of seconds"),
     ],
 )
 def test_bad_mode_requests_are_400(server, body, reason):

@@ -182,3 +182,32 @@ def test_self_check_accepts_an_applied_hook():
     sglang_hooks.register([hook])
     HookRegistry.apply_hooks()
     sglang_hooks.verify_applied([hook])
+
+
+@pytest.mark.parametrize(
+    "api_key, admin_key, allowed",
+    [
+        ("U", "A", {None: False, "U": True, "A": True, "W": False}),
+        ("U", None, {None: False, "U": True, "A": False, "W": False}),
+        (None, "A", {None: False, "U": False, "A": True, "W": False}),
+        (None, None, {None: True, "U": True, "A": True, "W": True}),
+    ],
+    ids=["both-keys", "api-key", "admin-key", "no-keys"],
+)
+def test_status_reads_with_any_configured_key_and_mode_keeps_sglangs_admin_level(api_key, admin_key, allowed):
+    """The auth decision SGLang's middleware asks for each request: /vlora/status through the
+    plugin's hook, /vlora/mode through SGLang's own ADMIN_OPTIONAL rule."""
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    from sglang_vlora.guard_hooks import decide_auth_around
+
+    def decide(path: str, key: str | None, level: AuthLevel) -> bool:
+        return decide_auth_around(
+            decide_request_auth, method="GET", path=path, authorization_header=f"Bearer {key}" if key else None,
+            api_key=api_key, admin_api_key=admin_key, auth_level=level,
+        ).allowed
+
+    assert {key: decide("/vlora/status", key, AuthLevel.NORMAL) for key in allowed} == allowed
+    admin_only = admin_key or api_key
+    expected_mode = {key: admin_only is None or key == admin_only for key in allowed}
+    assert {key: decide("/vlora/mode", key, AuthLevel.ADMIN_OPTIONAL) for key in allowed} == expected_mode
