@@ -50,46 +50,44 @@ echo "model: $TINY/model  dtype: $DTYPE  tolerance: $TOL  logs: $LOGS"
 
 # SERVER_FLAGS replaces the GPU flags (a dry run of this script on a CPU machine: SERVER_FLAGS="").
 FLAGS=${SERVER_FLAGS---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --mem-fraction-static 0.3}
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -- "-$p" 2>/dev/null; done; }
-trap cleanup EXIT
 
-free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-start() {  # name, extra flags...; sets URL
-  local name=$1; shift
-  local port; port=$(free_port)
-  # shellcheck disable=SC2086
-  setsid python3 -m sglang.launch_server --plugin vlora --vlora-policy manual \
-    --model-path "$TINY/model" --dtype "$DTYPE" \
-    --lora-paths a8="$TINY/adapters/a8" b16="$TINY/adapters/b16" c32="$TINY/adapters/c32" \
-    --max-lora-rank 32 --max-loras-per-batch 4 $FLAGS --port "$port" "$@" > "$LOGS/server_$name.log" 2>&1 &
-  PIDS+=($!)
-  URL="http://127.0.0.1:$port"
-}
-# Both servers at once (the tiny model needs little memory): one start-up time.
-start graph --cuda-graph-max-bs-decode 16; URL_GRAPH=$URL
-start nograph --disable-cuda-graph; URL_NOGRAPH=$URL
-for url in "$URL_GRAPH" "$URL_NOGRAPH"; do
-  ok=0
-  for _ in $(seq 300); do
-    if python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=5)" "$url" 2>/dev/null; then ok=1; break; fi
-    sleep 2
-  done
-  if [ $ok = 0 ]; then echo "FAIL server $url did not start"; tail -40 "$LOGS"/server_*.log; exit 1; fi
-done
-if ! grep -qi "capture" "$LOGS/server_graph.log"; then
-  echo "WARN no CUDA-graph capture in the graph server's log: check that decode graphs are on"
-fi
-
-python3 - "$URL_GRAPH" "$URL_NOGRAPH" "$DTYPE" "$TOL" "${OUT:-}" <<'EOF'
+# Both servers start at once (the tiny model needs little memory: one start-up time), through the
+# launcher the tests and the end-to-end benchmark use (sglang_vlora/server_process.py); the
+# checks stop them when they end.
+python3 - "$TINY" "$DTYPE" "$TOL" "${OUT:-}" "$LOGS" "$FLAGS" <<'EOF'
+import atexit
 import json
 import random
+import shlex
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
-URL = {"graph": sys.argv[1], "nograph": sys.argv[2]}
-DTYPE, TOL, OUT = sys.argv[3], float(sys.argv[4]), sys.argv[5]
+from sglang_vlora import server_process
+
+TINY, DTYPE, TOL, OUT, LOGS, FLAGS = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], Path(sys.argv[5]), shlex.split(sys.argv[6])
+
+
+def start(name, extra):
+    adapters = {a: Path(TINY) / "adapters" / a for a in ("a8", "b16", "c32")}
+    flags = ["--plugin", "vlora", "--vlora-policy", "manual", "--dtype", DTYPE, "--max-lora-rank", "32",
+             "--max-loras-per-batch", "4", *FLAGS, *extra]
+    command = server_process.server_command(Path(TINY) / "model", adapters, flags)
+    return server_process.start(command, LOGS / f"server_{name}.log", name=name)
+
+
+SERVERS = {"graph": start("graph", ["--cuda-graph-max-bs-decode", "16"]),
+           "nograph": start("nograph", ["--disable-cuda-graph"])}
+atexit.register(lambda: [server_process.stop(s) for s in SERVERS.values()])
+for srv in SERVERS.values():
+    reason = server_process.wait_healthy(srv, timeout_s=600)
+    if reason:
+        print(f"FAIL server {srv.name}: {reason}\n{srv.log_tail(40)}")
+        sys.exit(1)
+if "capture" not in (LOGS / "server_graph.log").read_text(errors="replace").lower():
+    print("WARN no CUDA-graph capture in the graph server's log: check that decode graphs are on")
+URL = {name: srv.url for name, srv in SERVERS.items()}
 ADAPTERS = [None, "a8", "b16", "c32"]
 PHASES = [("unmerge", None), ("merge", "a8"), ("mixture", "b16"), ("unmerge", None)]
 NEW = 12
