@@ -339,6 +339,24 @@ def _cuda_available() -> bool:
     return cuda_ext.available()
 
 
+_COMPILED: set[tuple] = set()
+
+
+def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compile_one: Callable) -> None:
+    """Compile, the first time a shape is seen, the Triton kernel of every config the
+    table may pick for it at any token count: a token count first seen while serving
+    would otherwise compile its kernel then (about a second), in a user's request."""
+    from sglang_vlora.atmm import tiling
+
+    dev = _device_name(t)
+    seen = (op, dev, t.dtype, *sorted(key.items()))
+    if seen in _COMPILED or not t.is_cuda:
+        return
+    _COMPILED.add(seen)
+    for cfg in tiling.triton_configs(dev, op, key):
+        compile_one(cfg)
+
+
 def _shrink_kernel(
     x: torch.Tensor,
     a_buffer: torch.Tensor,
@@ -380,6 +398,11 @@ def _launch_shrink(
     else:
         from sglang_vlora.atmm import triton_kernels
 
+        if isinstance(items, WorkItems):
+            key = {"k": x.shape[1], "n": num_slices * _items_max_rank(items)}
+            _compile_table_configs(
+                "shrink", key, x, lambda c: triton_kernels.launch_shrink(*args, rows, c, compile_only=True)
+            )
         triton_kernels.launch_shrink(*args, rows, cfg)
     return inter
 
@@ -409,5 +432,10 @@ def _expand_kernel(
     else:
         from sglang_vlora.atmm import triton_kernels
 
-        triton_kernels.launch_expand(*args, min(items.total_rows, output.shape[0]), cfg)
+        rows = min(items.total_rows, output.shape[0])
+        key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
+        _compile_table_configs(
+            "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)
+        )
+        triton_kernels.launch_expand(*args, rows, cfg)
     return output

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE_DIR = Path(__file__).parent / "tables"
+TOKEN_GRID = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # token counts the tuner times
 logger = logging.getLogger(__name__)
 
 
@@ -247,6 +248,26 @@ def nearest_entry(entries: list[dict[str, Any]], op: str, key: dict[str, int]) -
         chosen = _pick({e[field] for e in entries}, key[field], rule)
         entries = [e for e in entries if e[field] == chosen]
     return entries[0] if entries else None
+
+
+def triton_configs(device_name: str, op: str, key: dict[str, int]) -> list[ShrinkConfig | ExpandConfig]:
+    """Every Triton config the table may pick for ``key`` at any token count: the entries
+    the nearest-shape rule keeps for all fields but ``m`` that run Triton, plus the
+    untuned default (what a token count outside the table gets without one)."""
+    table = load_table(device_name)
+    entries = table.get(op, []) if table else []
+    for field, rule in _RULES[op].items():
+        if field == "m" or not entries:
+            continue
+        chosen = _pick({e[field] for e in entries}, key[field], rule)
+        entries = [e for e in entries if e[field] == chosen]
+    cls = ShrinkConfig if op == "shrink" else ExpandConfig
+    configs = {cls(**e["config"]) for e in entries if e.get("impl", "triton") == "triton"}
+    if not entries:
+        for m in TOKEN_GRID:
+            configs.add(default_shrink(key["k"], key["n"], m) if op == "shrink" else default_expand(
+                key["n"], key["s"], key["r"], m))
+    return sorted(configs, key=str)
 
 
 def _lookup(device_name: str, op: str, key: dict[str, int]) -> dict | None:

@@ -302,13 +302,15 @@ def launch_shrink(
     num_slices: int,
     row_bound: int,
     config: ShrinkConfig,
+    compile_only: bool = False,
 ) -> None:
     """Write ``x[tokens of item] @ A[slot, :S*r].T`` into ``out[rows of item, :S*r]``.
 
     ``out`` is ``[rows, S * max_rank]`` (contiguous rows); rows of no item are left
     untouched, columns at and past ``S * r_slot`` untouched or zero. ``row_bound`` is a
     static upper bound on the sum of ``seg_lens``; the item count is ``seg_lens.numel()``
-    (entries with length 0 do nothing).
+    (entries with length 0 do nothing). ``compile_only``: compile the kernel these
+    arguments select, launch nothing.
     """
     n_items = seg_lens.numel()
     if n_items == 0 or row_bound == 0:
@@ -322,11 +324,13 @@ def launch_shrink(
     if config.split_k > 1:
         if grid[0] > COUNTER_SLOTS:
             raise ValueError(f"{grid[0]} split-K tiles exceed {COUNTER_SLOTS} counters")
-        partials = torch.empty((config.split_k, *out.shape), dtype=torch.float32, device=out.device)
+        shape = (config.split_k, 1, 1) if compile_only else (config.split_k, *out.shape)
+        partials = torch.empty(shape, dtype=torch.float32, device=out.device)
         counters = split_counters(out.device)
     else:
         partials = counters = out
-    _shrink_kernel[grid](
+    kernel = _shrink_kernel.warmup if compile_only else _shrink_kernel[grid]
+    kernel(
         x,
         a_buffer,
         out,
@@ -360,6 +364,7 @@ def launch_shrink(
         SPLIT_K=config.split_k,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **({"grid": grid} if compile_only else {}),
     )
 
 
@@ -379,6 +384,7 @@ def launch_expand(
     slice_offsets: list[int] | tuple[int, ...],
     row_bound: int,
     config: ExpandConfig,
+    compile_only: bool = False,
 ) -> None:
     """``output[tokens, slice s] += scale * inter[rows, s*r:(s+1)*r] @ B[slot, slice s, :r].T``.
 
@@ -386,6 +392,7 @@ def launch_expand(
     One launch per layer (``num_layers`` is a static bound; each launch schedules only
     its layer's items), so items that share tokens never update the same output
     concurrently. ``row_bound`` bounds the rows of one layer (at most the tokens).
+    ``compile_only``: compile the kernel these arguments select, launch nothing.
     """
     n_items = seg_lens.numel()
     num_slices = len(slice_offsets) - 1
@@ -398,8 +405,9 @@ def launch_expand(
     n_tiles = _cdiv(max_width, config.block_n)
     grid = (_row_tiles(row_bound, config.block_m, n_items) * num_slices * n_tiles,)
     check_layer = num_layers > 1
-    for layer in range(num_layers):
-        _expand_kernel[grid](
+    kernel = _expand_kernel.warmup if compile_only else _expand_kernel[grid]
+    for layer in range(1 if compile_only else num_layers):
+        kernel(
             inter,
             b_buffer,
             output,
@@ -435,4 +443,5 @@ def launch_expand(
             BLOCK_K=config.block_k,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            **({"grid": grid} if compile_only else {}),
         )

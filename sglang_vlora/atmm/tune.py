@@ -56,7 +56,7 @@ MODELS: dict[str, list[tuple[int, tuple[int, ...]]]] = {
         (11008, (4096,)),
     ],
 }
-DEFAULT_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_TOKENS = tiling.TOKEN_GRID
 
 Shape = tuple  # ("shrink", k, n, m) or ("expand", n, s, r, m, widths)
 

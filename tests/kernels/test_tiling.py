@@ -196,3 +196,25 @@ def test_shipped_tables_record_their_architecture() -> None:
     for path in tiling.TABLE_DIR.glob("*.json"):
         cap = json.loads(path.read_text()).get("capability")
         assert isinstance(cap, list) and len(cap) == 2, path.name
+
+
+def test_triton_configs_cover_every_token_count_of_a_shape(tmp_path, monkeypatch) -> None:
+    name = "Test GPU 9003"
+    a, b = ShrinkConfig(16, 32, 64, 8), ShrinkConfig(64, 64, 64, 1)
+    shrink = [
+        _entry("shrink", a, k=3584, n=192, m=1), _entry("shrink", a, k=3584, n=192, m=32),
+        _entry("shrink", b, k=3584, n=192, m=1024),
+        {**_entry("shrink", ShrinkConfig(128, 64, 64, 1), k=3584, n=192, m=4096), "impl": "cublas",
+         "cublas": {"us": 1.0}},
+        _entry("shrink", ShrinkConfig(32, 32, 64, 1), k=3584, n=64, m=32),  # another shape
+    ]
+    (tmp_path / tiling.table_filename(name)).write_text(json.dumps({"device": name, "shrink": shrink, "expand": []}))
+    monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
+    tiling.clear_caches()
+    try:
+        assert tiling.triton_configs(name, "shrink", {"k": 3584, "n": 192}) == sorted([a, b], key=str)
+        # no expand entries: the defaults of every token count of the tuning grid
+        defaults = {tiling.default_expand(4608, 3, 64, m) for m in tiling.TOKEN_GRID}
+        assert set(tiling.triton_configs(name, "expand", {"n": 4608, "s": 3, "r": 64})) == defaults
+    finally:
+        tiling.clear_caches()
