@@ -79,6 +79,65 @@ def rows(profile: dict, table: dict, system: str) -> list[dict]:
     return out
 
 
+def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
+    """Host microseconds per eager LoRA module call of the ``atmm`` backend (qkv of
+    Qwen2-VL-7B, one rank-64 adapter, ``tokens`` tokens), the GPU kept busy so that no
+    call waits for it; and, for comparison, of the two bare Triton launches it makes."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_vlora.atmm import ops, triton_kernels
+    from sglang_vlora.backend import ATMMLoRABackend
+
+    dev = torch.device("cuda")
+    widths = (HIDDEN, KV, KV)
+    offsets = torch.tensor([0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], dtype=torch.int32)
+    a = torch.randn(2, 3 * RANK, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.01
+    b = torch.randn(2, sum(widths), RANK, device=dev, dtype=torch.bfloat16) * 0.01
+    x = torch.randn(tokens, HIDDEN, device=dev, dtype=torch.bfloat16)
+    out = torch.zeros(tokens, sum(widths), device=dev, dtype=torch.bfloat16)
+    backend = ATMMLoRABackend(max_loras_per_batch=2, device=dev)
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1,
+                            extend_seq_lens=torch.tensor([tokens], dtype=torch.int32), extend_seq_lens_cpu=[tokens])
+    backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
+
+    def per_call(fn) -> float:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        busy = torch.empty(8192, 8192, device=dev, dtype=torch.bfloat16)
+        for _ in range(40):  # tens of ms of GPU work queued ahead: no call below waits for the GPU
+            busy @ busy
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - started) / calls * 1e6
+        torch.cuda.synchronize()
+        return host
+
+    prepare_us = per_call(lambda: backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False))
+    backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
+    module_us = per_call(lambda: backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets, base_output=out))
+    items = backend.work_items
+    inter = torch.empty(tokens, a.shape[1], device=dev, dtype=x.dtype)
+    dev_name = ops._device_name(x)
+    scfg = tiling.shrink_config(dev_name, HIDDEN, 3 * RANK, tokens)
+    ecfg = tiling.expand_config(dev_name, sum(widths), 3, RANK, tokens)
+
+    def launches() -> None:
+        triton_kernels.launch_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts,
+                                     items.ranks, None, 3, tokens, scfg)
+        triton_kernels.launch_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
+                                     items.row_starts, items.layers, 1, items.ranks, None,
+                                     [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], tokens, ecfg)
+
+    return {"tokens": tokens, "prepare_lora_batch_us": round(prepare_us, 1),
+            "qkv_module_call_us": round(module_us, 1), "two_triton_launches_us": round(per_call(launches), 1)}
+
+
 def plot(result: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -107,6 +166,7 @@ def main() -> None:
     ap.add_argument("--system", default="atmm")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--tag", default="layer_cost_h200")
+    ap.add_argument("--host", action="store_true", help="also time the host side of an eager call (GPU)")
     args = ap.parse_args()
     profile = json.loads(args.profile.read_text())
     table = json.loads(args.table.read_text())
@@ -117,12 +177,15 @@ def main() -> None:
               f"{r['kernels_over_prediction']:7.2f} {r['lora_cost_us']:9.1f} {r['cost_over_prediction']:7.2f}")
     agree = all(1 / AGREE <= r["kernels_over_prediction"] <= AGREE for r in result)
     print(f"in-server LoRA kernel time within {AGREE}x of the prediction in every scenario: {agree}")
+    host = host_cost() if args.host else None
+    if host:
+        print(f"host per eager call (us): {host}")
     env = profile.get("environment", {})
     meta = {"device": profile.get("device"), "date": profile.get("date"), "code": env.get("code"),
             "versions": env.get("versions"), "profile_command": profile.get("command")}
     doc = {"meta": {**meta, "profile": args.profile.name, "table": args.table.name,
                     "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
-           "agree_factor": AGREE, "all_within": agree, "rows": result}
+           "agree_factor": AGREE, "all_within": agree, "rows": result, "host_us": host}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(result, args.out / f"{args.tag}.png")
