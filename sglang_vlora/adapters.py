@@ -246,11 +246,8 @@ def check_package(
         raise AdapterError(f"lora_path {str(adapter_dir)!r}: no such folder (give the folder holding {PEFT_CONFIG})")
     if not (root / PEFT_CONFIG).is_file():
         raise AdapterError(f"{adapter_dir}: no {PEFT_CONFIG} (a package is a PEFT adapter folder: save it with peft)")
-    config = _read_json(root / PEFT_CONFIG)
-    rank, alpha, targets = _check_peft_config(config, max_rank, served_modules)
-    tensors = _read_weights(root)
-    report = PackageReport(str(root), rank, alpha, targets, len(tensors), [])
-    _check_lora_tensors(tensors, rank, model, report)
+    report = check_lora(_read_json(root / PEFT_CONFIG), _read_weights(root), model, max_rank, served_modules)
+    report.path = str(root)
     head_config = read_head_config(root)
     if head_config is not None:
         if model is not None and int(head_config["hidden_size"]) != model.hidden_size:
@@ -260,6 +257,21 @@ def check_package(
             )
         _head_tensors(root, head_config)
         report.heads = [entry["task"] for entry in head_config["heads"]]
+    return report
+
+
+def check_lora(
+    config: Any,
+    tensors: Mapping[str, Any],
+    model: ModelShapes | None = None,
+    max_rank: int | None = None,
+    served_modules: Iterable[str] | None = None,
+) -> PackageReport:
+    """The LoRA part of :func:`check_package` for a parsed ``adapter_config.json`` and its
+    tensors (also what ``/load_lora_adapter_from_tensors`` sends)."""
+    rank, alpha, targets = _check_peft_config(config, max_rank, served_modules)
+    report = PackageReport("", rank, alpha, targets, len(tensors), [])
+    _check_lora_tensors(tensors, rank, model, report)
     return report
 
 

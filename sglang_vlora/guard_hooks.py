@@ -23,7 +23,7 @@ import re
 import secrets
 
 from sglang_vlora import request_check
-from sglang_vlora.adapters import AdapterError, ModelShapes, check_package
+from sglang_vlora.adapters import AdapterError, ModelShapes, check_lora, check_package
 from sglang_vlora.config import VLoRAConfig
 
 logger = logging.getLogger(__name__)
@@ -150,6 +150,24 @@ def check_adapter_load_around(original, self, lora_ref, *args, **kwargs):
         logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, exc)
         return self.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {exc}")
     return original(self, lora_ref, *args, **kwargs)
+
+
+def check_tensor_load_around(original, self, lora_ref, tensors, config_dict, *args, **kwargs):
+    """AROUND ``LoRAManager._load_lora_adapter_from_tensors``: the same LoRA check for an
+    adapter sent as tensors (``/load_lora_adapter_from_tensors``)."""
+    try:
+        request_check.check_adapter_name(lora_ref.lora_name)
+        check_lora(
+            config_dict,
+            tensors,
+            ModelShapes.from_config(self.base_hf_config),
+            max_rank=getattr(self, "max_lora_rank", None),
+            served_modules=getattr(self, "target_modules", None) or None,
+        )
+    except ValueError as exc:
+        logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, exc)
+        return self.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {exc}")
+    return original(self, lora_ref, tensors, config_dict, *args, **kwargs)
 
 
 def served_targets_around(original, self, *args, **kwargs):

@@ -149,6 +149,12 @@ def _guard_hooks() -> list[Hook]:
             "the first request that uses it: check the package first, a failed load says why",
         ),
         Hook(
+            f"{lora_manager}._load_lora_adapter_from_tensors",
+            HookType.AROUND,
+            guard_hooks.check_tensor_load_around,
+            "the same check for an adapter sent as tensors (/load_lora_adapter_from_tensors)",
+        ),
+        Hook(
             f"{lora_manager}.init_lora_shapes",
             HookType.AROUND,
             guard_hooks.served_targets_around,

@@ -1,7 +1,8 @@
 """The plugin's routes carry SGLang's auth levels, like SGLang's own admin endpoints:
 ``POST /vlora/mode`` is ADMIN_OPTIONAL (with an admin key only it; with only ``--api-key``
 that key; with no key open), ``GET /vlora/status`` reads with any configured key. Three
-servers: both keys (the reliability server), only ``--api-key``, and none (the shared one)."""
+servers: both keys (the reliability server), only ``--api-key``, and none (the shared one).
+The ``--api-key`` server also runs with ``--lora-target-modules all`` (SGLang's shorthand)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def user_key_only(tiny_assets, tmp_path_factory):
     model, adapters = tiny_assets
     srv = launch(
         model, {"a8": adapters["a8"]}, tmp_path_factory.mktemp("user_key_only") / "server.log",
-        ["--vlora-policy", "manual", "--api-key", USER_KEY],
+        ["--vlora-policy", "manual", "--api-key", USER_KEY, "--lora-target-modules", "all"],
     )
     yield srv
     stop(srv)
@@ -57,3 +58,15 @@ def test_no_keys_leave_the_routes_open(server):
     assert mode_status(server, NONE) == 200
     assert status_status(server, NONE) == 200
     assert status_status(server, WRONG) == 200  # nothing to check a key against, as for SGLang's routes
+
+
+def test_lora_target_modules_all_serves_what_atmm_serves(user_key_only, tiny_assets):
+    """SGLang's "all" adds embed_tokens and lm_head, which atmm does not serve: the server
+    starts with the linear modules, says so, and serves an adapter on all of them."""
+    log = user_key_only.log_path.read_text(errors="replace")
+    assert "the atmm backend serves LoRA on ['down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj']" in log
+    c32 = {"lora_name": "c32", "lora_path": str(tiny_assets[1]["c32"])}
+    loaded = httpx.post(user_key_only.url + "/load_lora_adapter", json=c32, headers=USER, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    body = {"text": "hi", "lora_path": "c32", "sampling_params": {"max_new_tokens": 2}}
+    assert httpx.post(user_key_only.url + "/generate", json=body, headers=USER, timeout=60).status_code == 200
