@@ -196,10 +196,10 @@ class ModeController:
         pool = manager.memory_pool
         running = self.busy_uids()
         pinned = {u for u in pool.uid_to_buffer_id if u is not None and getattr(manager.lora_refs.get(u), "pinned", False)}
-        needed = running | pinned | {uid} | ({self.merged_uid} if self.merged_uid is not None else set())
+        held = running | pinned | ({self.merged_uid} if self.merged_uid is not None else set())
         slots = int(pool.max_loras_per_batch)
-        if len(needed) > slots:
-            names = sorted("base" if u is None else self._name(u) for u in running | pinned)
+        if len(held | {uid}) > slots:
+            names = sorted("base" if u is None else self._name(u) for u in held)
             raise SlotBusyError(
                 f"merging {name!r} needs a LoRA pool slot, and all {slots} slots (--max-loras-per-batch) "
                 f"are held by running requests and the merged or pinned adapters ({', '.join(names)}); "
