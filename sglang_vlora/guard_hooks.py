@@ -3,14 +3,16 @@ plain checks of :mod:`sglang_vlora.request_check` and :func:`sglang_vlora.adapte
 Declared in :mod:`sglang_vlora.sglang_hooks`.
 
 * launcher, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
-  an object, one image placeholder per image (SGLang crashes on the first two, errors on the
-  third with a 500, and drops extra images);
+  an object, one image placeholder per image, one ``lora_path`` per prompt of a batch (SGLang
+  crashes on the first two, answers 500 to the third and the last, and drops extra images);
+  SGLang's own schema errors get the name of the field;
 * launcher, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
   before the image is decoded (Pillow's decompression-bomb error was a 500);
-* scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction): the
-  package check against the model (every tensor's shape, dtype, finiteness; rank; target
-  modules; heads) before SGLang reads it, so a misfit adapter fails its load with the reason
-  instead of crashing the first request that uses it;
+* scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction, tensors
+  sent to ``/load_lora_adapter_from_tensors``): the package check against the model (every
+  tensor's shape, dtype, finiteness; rank; target modules; heads) before SGLang reads it, so a
+  misfit adapter fails its load with the reason instead of crashing the first request that
+  uses it; ``--lora-target-modules all`` means the modules atmm serves;
 * launcher, auth: ``/vlora/status`` answers either configured key (SGLang's levels have no
   "any key" level); ``/vlora/mode`` carries SGLang's ``ADMIN_OPTIONAL`` level itself.
 """
