@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The fused demo adapters: accuracy-aware knowledge fusion packs the seven vision tasks of
+# The fused demo adapters: accuracy-aware knowledge fusion packs the vision tasks of
 # examples/fusion/tasks.yaml into as few rank-8 adapters as their required accuracies allow,
-# with a trained task head per head-answered task (about two minutes on a 2-core CPU).
+# with a trained task head per head-answered task (a minute or two on a 2-core CPU).
 set -euo pipefail
 TINY=${TINY:-.cache/tiny}
 PY=${PY:-python}
