@@ -209,20 +209,23 @@ class MeasuredCosts:
       ``merge`` fit and vice versa (both read and write every targeted weight once);
       with neither, switches cost 0 until one is measured.
 
-    Fits are redone after ``refit_every`` new iterations (a fit over the window is a few
-    milliseconds of Python, too much for every iteration) and after every switch.
+    A mode's fit is redone when its samples have doubled since the last fit (1, 2, 4, ...
+    samples: early estimates improve fast) and then every ``refit_every`` new ones: a fit
+    over the window is about a millisecond of Python, too much for every iteration of the
+    scheduler's loop. Switch fits are redone after every switch.
     """
 
-    def __init__(self, layers: int, window: int = 256, refit_every: int = 16) -> None:
+    def __init__(self, layers: int, window: int = 256, refit_every: int = 32) -> None:
         if layers <= 0 or window <= 0 or refit_every <= 0:
             raise CostModelError("layers, window and refit_every must be positive")
         self.layers = layers
         self._iterations = {mode: deque(maxlen=window) for mode in Mode}  # (tokens, requests, seconds)
         self._switch = {kind: deque(maxlen=window) for kind in SWITCH_KINDS}  # (rank, layers, seconds)
         self._refit_every = refit_every
-        self._unfitted = 0
+        self._unfitted = dict.fromkeys(Mode, 0)  # iterations recorded since the mode's last fit
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
+        self._figures: dict[Mode, tuple[float | None, float | None]] = {}  # per mode: prefill_token, decode_step
 
     def record_iteration(self, mode: Mode, prefill_tokens: int, decode_requests: int, seconds: float) -> None:
         """One timed forward iteration: ``prefill_tokens`` new prompt tokens (0 for a decode
@@ -231,11 +234,15 @@ class MeasuredCosts:
             return
         if prefill_tokens == decode_requests == 0:
             return
-        points = self._iterations[Mode(mode)]
-        points.append((prefill_tokens, decode_requests, seconds))
-        self._unfitted += 1
-        if len(points) == 1 or self._unfitted >= self._refit_every:
+        mode = Mode(mode)
+        self._iterations[mode].append((prefill_tokens, decode_requests, seconds))
+        self._unfitted[mode] += 1
+        if self._due(mode):
             self._snapshot = None
+
+    def _due(self, mode: Mode) -> bool:
+        fit = self.fits.get(mode)
+        return fit is None or self._unfitted[mode] >= min(self._refit_every, fit.samples)
 
     def record_switch(self, kind: str, rank: int, seconds: float) -> None:
         """One weight switch of ``kind`` (merge, unmerge, fused; fused keyed by r_a + r_b)."""
@@ -251,19 +258,11 @@ class MeasuredCosts:
 
     def snapshot(self) -> CostModel:
         if self._snapshot is None:
-            self._unfitted = 0
-            prefill, decode = {}, {}
-            self.fits = {}
             for mode, points in self._iterations.items():
-                fit = IterationFit.fit(list(points))
-                if fit is None:
-                    continue
-                self.fits[mode] = fit
-                if any(tokens for tokens, _, _ in points):
-                    prefill[mode] = fit.prefill_token_s
-                decoding = [requests for tokens, requests, _ in points if requests and not tokens]
-                if decoding:
-                    decode[mode] = fit.seconds(0, round(sum(decoding) / len(decoding)))
+                if points and self._due(mode):
+                    self._refit(mode)
+            prefill = {m: p for m, (p, _) in self._figures.items() if p is not None}
+            decode = {m: d for m, (_, d) in self._figures.items() if d is not None}
             fits = {kind: SwitchFit.fit(list(pts)) for kind, pts in self._switch.items() if pts}
             free = SwitchFit(0.0, 0.0)
             merge = fits.get("merge", fits.get("unmerge", free))
@@ -277,6 +276,18 @@ class MeasuredCosts:
                 "measured while serving",
             )
         return self._snapshot
+
+    def _refit(self, mode: Mode) -> None:
+        """The mode's fit, its per-token prefill cost (if it ran a prefill) and its decode
+        step at its mean decode batch (if it ran a decode step)."""
+        points = list(self._iterations[mode])
+        fit = IterationFit.fit(points)
+        self.fits[mode] = fit
+        self._unfitted[mode] = 0
+        prefill = fit.prefill_token_s if any(tokens for tokens, _, _ in points) else None
+        decoding = [requests for tokens, requests, _ in points if requests and not tokens]
+        decode = fit.seconds(0, round(sum(decoding) / len(decoding))) if decoding else None
+        self._figures[mode] = (prefill, decode)
 
 
 class OutputLengths:

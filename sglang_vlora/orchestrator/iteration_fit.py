@@ -57,19 +57,38 @@ class IterationFit:
         # rounding, never outliers
         limit = max(_OUTLIER_MADS * 1.4826 * _median(residuals), 1e-3 * sum(s for *_, s in samples) / len(samples))
         kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limit]
-        if len(kept) == len(samples) or len(kept) < 3:
-            return first
+        if len(kept) == len(samples) or len(kept) < 3 or _regimes(kept) != _regimes(samples):
+            return first  # never drop a whole kind of iteration (every decode step, every prefill)
         return _nnls(kept)
 
 
+def _regimes(samples: Sequence[Sample]) -> tuple[bool, bool, bool]:
+    """Which kinds of iteration the samples hold: prefill only, decode only, mixed."""
+    return (
+        any(t and not r for t, r, _ in samples),
+        any(r and not t for t, r, _ in samples),
+        any(t and r for t, r, _ in samples),
+    )
+
+
 def _nnls(samples: Sequence[Sample]) -> IterationFit:
-    rows = [(1.0, float(t), float(r)) for t, r, _ in samples]
-    ys = [s for _, _, s in samples]
-    scale = [max(abs(row[j]) for row in rows) or 1.0 for j in range(3)]
-    xs = [[row[j] / scale[j] for j in range(3)] for row in rows]
-    gram = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
-    moment = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(3)]
-    yy = sum(y * y for y in ys)
+    # Normal equations in one pass over the samples (the fit runs in the scheduler's loop).
+    s_t = s_r = s_tt = s_tr = s_rr = s_y = s_ty = s_ry = yy = 0.0
+    for tokens, requests, seconds in samples:
+        s_t += tokens
+        s_r += requests
+        s_tt += tokens * tokens
+        s_tr += tokens * requests
+        s_rr += requests * requests
+        s_y += seconds
+        s_ty += tokens * seconds
+        s_ry += requests * seconds
+        yy += seconds * seconds
+    n = float(len(samples))
+    scale = [1.0, max(t for t, _, _ in samples) or 1.0, max(r for _, r, _ in samples) or 1.0]
+    raw_gram = [[n, s_t, s_r], [s_t, s_tt, s_tr], [s_r, s_tr, s_rr]]
+    gram = [[raw_gram[i][j] / (scale[i] * scale[j]) for j in range(3)] for i in range(3)]
+    moment = [s_y / scale[0], s_ty / scale[1], s_ry / scale[2]]
     best: tuple[float, list[float]] | None = None
     for subset in _SUBSETS:
         coef = _solve([[gram[i][j] for j in subset] for i in subset], [moment[i] for i in subset])

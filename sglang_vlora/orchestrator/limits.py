@@ -1,15 +1,17 @@
 """Algorithm 1's MaxBS and theta for a server started without ``--vlora-max-batch`` /
 ``--vlora-theta``: derived from what the server runs, with where each came from.
 
-* **max batch**: the requests in flight (running + waiting) at this scheduling step, at
-  most the capacity (SGLang's max running requests, and the largest captured decode CUDA
-  graph when graphs are on: beyond it decode runs eagerly). That is the batch the server
-  would run if it admitted everyone, so Algorithm 1's merge condition "one adapter holds
-  more than half of MaxBS" reads "one adapter holds most of the requests in flight", the
-  situation merging pays off in. SGLang's max running requests alone (4096 by default)
-  would make it unreachable. As a batch cap it admits everyone who is waiting, as SGLang
-  would. The switch budget (:mod:`~sglang_vlora.orchestrator.policy`), not a smoothed
-  MaxBS, keeps the weights from following every arrival.
+* **max batch**: the larger of the requests in flight (running + waiting) now and their
+  time average over about one request's execution time (the mean of finished requests;
+  before one has finished, over the busy period so far), at most the capacity (SGLang's
+  max running requests, and the largest captured decode CUDA graph when graphs are on:
+  beyond it decode runs eagerly). That is the batch the server runs, so Algorithm 1's
+  merge condition "one adapter holds more than half of MaxBS" reads "one adapter holds
+  most of the requests in flight", the situation merging pays off in; SGLang's max
+  running requests alone (4096 by default) would make it unreachable. The average keeps
+  the tail of a burst (a few requests left, often of one adapter) from counting as a
+  majority; taking the larger of it and the present count admits everyone waiting, as
+  SGLang would.
 * **theta**: ``theta_factor`` (2) times the mean execution time (first run to finish)
   of the last ``finished_window`` finished requests: a request starves once it has
   waited about as long as a request takes to run. Execution rather than end-to-end time,
@@ -45,11 +47,26 @@ class DerivedLimits:
         self.capacity_source = capacity_source
         self.theta_factor = theta_factor
         self._in_flight = 0
+        self._average = 0.0  # time average of requests in flight
+        self._last: float | None = None  # time of the last observation of this busy period
+        self._busy_since = 0.0
         self._executions: deque[float] = deque(maxlen=finished_window)
 
-    def observe(self, in_flight: int) -> None:
-        """Requests in flight (running + waiting) at this scheduling step."""
-        self._in_flight = in_flight
+    def observe(self, now: float, in_flight: int) -> None:
+        """Requests in flight (running + waiting) at a scheduling step at ``now`` (seconds)."""
+        if self._last is None:
+            self._average, self._busy_since = float(in_flight), now
+        else:
+            horizon = self._mean_execution() or (now - self._busy_since)
+            if horizon > 0:
+                # exponential average over ``horizon``; over the busy period it is the running mean
+                weight = 1.0 - math.exp(-max(0.0, now - self._last) / horizon)
+                self._average += weight * (self._in_flight - self._average)
+        self._in_flight, self._last = in_flight, now
+
+    def idle(self) -> None:
+        """Nothing in flight: the next request starts a new busy period."""
+        self._in_flight, self._last = 0, None
 
     def finished(self, execution_s: float) -> None:
         """A request finished ``execution_s`` seconds after it first ran."""
@@ -59,18 +76,23 @@ class DerivedLimits:
     def max_batch(self) -> tuple[int, str]:
         if self._max_batch_flag is not None:
             return self._max_batch_flag, "--vlora-max-batch"
+        horizon = "mean execution time" if self._executions else "busy period"
         return (
-            max(1, min(self.capacity, self._in_flight)),
-            f"requests in flight (running + waiting), at most {self.capacity} ({self.capacity_source})",
+            max(1, min(self.capacity, max(self._in_flight, round(self._average)))),
+            f"requests in flight (running + waiting), now or averaged over the {horizon}, "
+            f"at most {self.capacity} ({self.capacity_source})",
         )
 
     def theta(self) -> tuple[float, str]:
         if self._theta_flag is not None:
             return self._theta_flag, "--vlora-theta"
-        if not self._executions:
+        mean = self._mean_execution()
+        if mean is None:
             return 0.0, "no request finished yet: every request counts as starving"
-        mean = sum(self._executions) / len(self._executions)
         return (
             self.theta_factor * mean,
             f"{self.theta_factor:g} x mean execution time of the last {len(self._executions)} finished requests",
         )
+
+    def _mean_execution(self) -> float | None:
+        return sum(self._executions) / len(self._executions) if self._executions else None

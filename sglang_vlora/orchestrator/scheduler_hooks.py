@@ -132,6 +132,7 @@ class Orchestrator:
                     self.metrics.starving.set(0)
             self.admit = frozenset()
             self._arrival.clear()
+            self.limits.idle()
             if self.measured is not None and not self._calibrated and self.lora_manager.loras:
                 self._calibrated = True
                 self._calibrate_switches()
@@ -186,7 +187,7 @@ class Orchestrator:
         )
 
     def _decide(self, now: float, waiting: list, running: list) -> Decision:
-        self.limits.observe(len(waiting) + len(running))
+        self.limits.observe(now, len(waiting) + len(running))
         inputs = (self.policy_config(), self._cost())
         if inputs != self._policy_inputs:
             self._policy = make_policy(self.policy_name, *inputs)

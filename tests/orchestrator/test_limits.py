@@ -7,7 +7,7 @@ from sglang_vlora.orchestrator import DerivedLimits
 
 def test_flags_win_and_say_so():
     limits = DerivedLimits(16, 5.0, capacity=4096, capacity_source="max running requests")
-    limits.observe(300)
+    limits.observe(0.0, 300)
     limits.finished(0.4)
     assert limits.max_batch() == (16, "--vlora-max-batch")
     assert limits.theta() == (5.0, "--vlora-theta")
@@ -16,23 +16,39 @@ def test_flags_win_and_say_so():
 def test_max_batch_is_the_requests_in_flight_within_capacity():
     limits = DerivedLimits(None, None, capacity=160, capacity_source="largest decode CUDA graph")
     assert limits.max_batch()[0] == 1  # nothing seen yet
-    for in_flight in (9, 4, 7):
-        limits.observe(in_flight)
+    limits.observe(0.0, 7)
     value, source = limits.max_batch()
     assert value == 7
-    assert source == "requests in flight (running + waiting), at most 160 (largest decode CUDA graph)"
-    limits.observe(500)
+    assert source == (
+        "requests in flight (running + waiting), now or averaged over the busy period, "
+        "at most 160 (largest decode CUDA graph)"
+    )
+    limits.observe(0.1, 500)
     assert limits.max_batch()[0] == 160
-    limits.observe(0)
-    assert limits.max_batch()[0] == 1
 
 
-def test_a_skewed_load_of_ten_in_flight_can_merge_under_the_derived_max_batch():
-    """With SGLang's 4096 as MaxBS no adapter ever holds more than half of it; with the
-    batch the server runs, 7 of 10 requests on one adapter do."""
+def test_the_tail_of_a_burst_is_measured_against_the_burst():
+    """16 requests in flight for 2 s, then 2 left: those 2 (often of one adapter) are not a
+    majority of the batch the server has been running."""
     limits = DerivedLimits(None, None, capacity=4096, capacity_source="max running requests")
-    limits.observe(10)
-    assert 2 * 7 > limits.max_batch()[0]
+    for step in range(20):
+        limits.observe(0.1 * step, 16)
+    limits.observe(2.0, 2)
+    limits.observe(2.1, 2)
+    assert limits.max_batch()[0] >= 15
+    limits.idle()  # a new busy period starts from what is in flight
+    limits.observe(10.0, 3)
+    assert limits.max_batch()[0] == 3
+
+
+def test_the_average_forgets_over_about_one_execution_time():
+    limits = DerivedLimits(None, None, capacity=4096, capacity_source="max running requests")
+    limits.finished(0.5)
+    limits.observe(0.0, 20)
+    for step in range(1, 31):  # 3 s at 4 in flight: six execution times
+        limits.observe(0.1 * step, 4)
+    assert limits.max_batch()[0] == 4
+    assert "averaged over the mean execution time" in limits.max_batch()[1]
 
 
 def test_theta_is_twice_the_mean_execution_of_finished_requests():
