@@ -12,9 +12,12 @@
   the tail of a burst (a few requests left, often of one adapter) from counting as a
   majority; taking the larger of it and the present count admits everyone waiting, as
   SGLang would.
-* **theta**: ``theta_factor`` (2) times the mean execution time (first run to finish)
-  of the last ``finished_window`` finished requests: a request starves once it has
-  waited about as long as a request takes to run. Execution rather than end-to-end time,
+* **theta**: ``theta_factor`` (1.5) times the mean execution time (first run to finish)
+  of the last ``finished_window`` finished requests: since a credit already holds the
+  request's own expected execution, a typical request starves once it has waited about
+  half an execution time, and one that runs longer than the mean starves sooner. (The
+  factor trades the pure-merge batches that holding other adapters' requests back buys
+  against those requests' wait; 1.5 is not tuned on a GPU yet.) Execution rather than end-to-end time,
   so that waits the policy causes do not raise the threshold that bounds them. Until a
   request has finished there is nothing to derive it from and theta is 0: every request
   counts as starving, and Algorithm 1 runs unmerged. A request with an SLO starves at
@@ -37,7 +40,7 @@ class DerivedLimits:
         capacity: int,
         capacity_source: str,
         finished_window: int = 64,
-        theta_factor: float = 2.0,
+        theta_factor: float = 1.5,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")

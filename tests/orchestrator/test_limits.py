@@ -51,17 +51,17 @@ def test_the_average_forgets_over_about_one_execution_time():
     assert "averaged over the mean execution time" in limits.max_batch()[1]
 
 
-def test_theta_is_twice_the_mean_execution_of_finished_requests():
+def test_theta_is_one_and_a_half_times_the_mean_execution_of_finished_requests():
     limits = DerivedLimits(None, None, capacity=64, capacity_source="max running requests", finished_window=2)
     theta, source = limits.theta()
     assert theta == 0 and "no request finished" in source
     for execution in (5.0, 0.5, 1.5):  # 5.0 falls out of the window
         limits.finished(execution)
     theta, source = limits.theta()
-    assert theta == pytest.approx(2.0)
-    assert source == "2 x mean execution time of the last 2 finished requests"
+    assert theta == pytest.approx(1.5)
+    assert source == "1.5 x mean execution time of the last 2 finished requests"
     limits.finished(float("nan"))
-    assert limits.theta()[0] == pytest.approx(2.0)
+    assert limits.theta()[0] == pytest.approx(1.5)
 
 
 def test_capacity_must_be_positive():
