@@ -116,6 +116,7 @@ class Orchestrator:
         self.decisions: Counter[str] = Counter()
         self.switches: Counter[str] = Counter()  # by kind: merge, unmerge, fused
         self.switch_seconds = 0.0
+        self._switch_errors: set[str] = set()
         self.queue: dict[str, int] = {}
         self._calibrated = False
 
@@ -168,7 +169,7 @@ class Orchestrator:
         """Feed the cost model the batches and switches whose timing marks are done (never waits)."""
         for (kind, rank), seconds in self.switch_timer.collect():
             self.switch_seconds += seconds
-            if self.measured is not None and kind is not None:
+            if self.measured is not None:
                 self.measured.record_switch(kind, rank, seconds)
             if self.metrics is not None:
                 self.metrics.switch_seconds.inc(seconds)
@@ -288,7 +289,10 @@ class Orchestrator:
         try:
             self.controller.apply(mode.value, self._name(uid) if uid is not None else None)
         except ValueError as exc:
-            logger.error("sglang-vlora: orchestrator could not switch to %s %s: %s", mode, uid, exc)
+            # Logged once per reason: the policy may ask again every iteration.
+            log = logger.debug if str(exc) in self._switch_errors else logger.error
+            self._switch_errors.add(str(exc))
+            log("sglang-vlora: orchestrator could not switch to %s %s: %s", mode, self._name(uid), exc)
             return
         end = self.switch_timer.clock.mark()
         self.batch_timer.interrupt()
