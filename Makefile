@@ -62,5 +62,5 @@ test-gpu: install
 # load/unload) for SOAK_S seconds instead of two rounds, then the fault and slot tests; bounded.
 SOAK_S ?= 300
 soak: install
-	VLORA_SOAK_S=$(SOAK_S) TRITON_INTERPRET=1 timeout $$(( $(SOAK_S) + 900 )) $(PY) -m pytest -q -p no:cacheprovider \
+	VLORA_SOAK_S=$(SOAK_S) TRITON_INTERPRET=1 timeout $$(( $(SOAK_S) + 900 )) $(PY) -m pytest -q -rP -p no:cacheprovider \
 		tests/reliability/test_load.py tests/reliability/test_faults.py

@@ -78,6 +78,8 @@ def test_mixed_load_with_switches_and_hot_reload_matches_solo_runs(guarded, tmp_
     for spec, _, body in results:
         assert_same_up_to_near_ties(parse(body), solo[spec], f"{spec} under load")
     modes = [entry for entry in log if entry[0] == "mode"]
+    print(f"mixed load: {len(results)} requests, {len(modes)} mode calls "
+          f"({sum(m[3] == 200 for m in modes)} switched), {sum(e[0] == 'load' for e in log)} hot loads")
     assert all(status in (200, 409) for *_, status, _ in modes), [m for m in modes if m[3] not in (200, 409)]
     assert sum(status == 200 for *_, status, _ in modes) >= len(SWITCHES) - 1, modes
     for entry in log:
