@@ -137,39 +137,46 @@ def _local_package(lora_path: str) -> str:
         ) from exc
 
 
+def _model_shapes(lora_manager) -> ModelShapes | None:
+    """The model's shapes, or None (with a warning) for a config that does not give them:
+    then tensors are checked without the model, never refused for it."""
+    try:
+        return ModelShapes.from_config(lora_manager.base_hf_config)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("sglang-vlora: adapter tensors are not checked against the model (%r)", exc)
+        return None
+
+
+def _refusal(lora_manager, lora_ref, check) -> object | None:
+    """Run ``check``; a failed load result saying why, or None when it passes. Like SGLang's
+    own load, any error fails the load: none may stop the scheduler."""
+    try:
+        request_check.check_adapter_name(lora_ref.lora_name)
+        check(
+            _model_shapes(lora_manager),
+            getattr(lora_manager, "max_lora_rank", None),
+            getattr(lora_manager, "target_modules", None) or None,
+        )
+    except Exception as exc:  # every reason is the load's answer, as in SGLang's own load
+        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, reason)
+        return lora_manager.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {reason}")
+    return None
+
+
 def check_adapter_load_around(original, self, lora_ref, *args, **kwargs):
     """AROUND ``LoRAManager._load_lora_adapter``: the package check before SGLang reads the
     adapter; a failure is a failed load (a 400 with the reason; at start-up, an error)."""
-    try:
-        request_check.check_adapter_name(lora_ref.lora_name)
-        check_package(
-            _local_package(str(lora_ref.lora_path)),
-            ModelShapes.from_config(self.base_hf_config),
-            max_rank=getattr(self, "max_lora_rank", None),
-            served_modules=getattr(self, "target_modules", None) or None,
-        )
-    except ValueError as exc:
-        logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, exc)
-        return self.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {exc}")
-    return original(self, lora_ref, *args, **kwargs)
+    refused = _refusal(self, lora_ref, lambda model, rank, served: check_package(
+        _local_package(str(lora_ref.lora_path)), model, rank, served))
+    return refused if refused is not None else original(self, lora_ref, *args, **kwargs)
 
 
 def check_tensor_load_around(original, self, lora_ref, tensors, config_dict, *args, **kwargs):
     """AROUND ``LoRAManager._load_lora_adapter_from_tensors``: the same LoRA check for an
     adapter sent as tensors (``/load_lora_adapter_from_tensors``)."""
-    try:
-        request_check.check_adapter_name(lora_ref.lora_name)
-        check_lora(
-            config_dict,
-            tensors,
-            ModelShapes.from_config(self.base_hf_config),
-            max_rank=getattr(self, "max_lora_rank", None),
-            served_modules=getattr(self, "target_modules", None) or None,
-        )
-    except ValueError as exc:
-        logger.warning("sglang-vlora: refused adapter %r: %s", lora_ref.lora_name, exc)
-        return self.create_lora_update_result(success=False, error_message=f"adapter {lora_ref.lora_name!r}: {exc}")
-    return original(self, lora_ref, tensors, config_dict, *args, **kwargs)
+    refused = _refusal(self, lora_ref, lambda model, rank, served: check_lora(config_dict, tensors, model, rank, served))
+    return refused if refused is not None else original(self, lora_ref, tensors, config_dict, *args, **kwargs)
 
 
 def served_targets_around(original, self, *args, **kwargs):

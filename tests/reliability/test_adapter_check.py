@@ -5,12 +5,15 @@ the tiny model pass, every broken one fails with its reason, and the published J
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from sglang_vlora.adapters import (
     HEAD_CONFIG,
@@ -91,3 +94,23 @@ def test_the_schema_and_the_check_refuse_the_same_head_files(edit, tmp_path):
     (tmp_path / HEAD_CONFIG).write_text(json.dumps(config))
     with pytest.raises(AdapterError):
         read_head_config(tmp_path)
+
+
+def test_tensors_outside_the_language_model_or_on_experts_are_not_held_to_its_widths(tiny_assets, model_shapes, tmp_path):
+    """A VLM adapter may also train the vision tower, an MoE adapter the experts (widths the
+    config's dense sizes do not give): checked for rank and finiteness, never refused for width."""
+    root = tmp_path / "extra"
+    shutil.copytree(tiny_assets[1]["a8"], root)
+    tensors = load_file(str(root / "adapter_model.safetensors"))
+    vision = "base_model.model.model.visual.blocks.0.attn.qkv"
+    experts = "base_model.model.model.language_model.layers.0.mlp.experts.0.gate_proj"
+    for prefix, width in ((vision, 32), (experts, 999)):
+        tensors[f"{prefix}.lora_A.weight"] = torch.zeros(8, width)
+        tensors[f"{prefix}.lora_B.weight"] = torch.zeros(width, 8)
+    save_file(tensors, str(root / "adapter_model.safetensors"))
+    report = check_package(root, model_shapes, max_rank=32)
+    assert any(vision in warning for warning in report.warnings)
+    tensors[f"{experts}.lora_A.weight"] = torch.zeros(4, 999)  # the rank still has to agree
+    save_file(tensors, str(root / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError, match="has rank 4"):
+        check_package(root, model_shapes, max_rank=32)
