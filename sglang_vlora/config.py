@@ -35,9 +35,10 @@ class VLoRAConfig:
     # Scheduling policy that picks mode, merged adapter and batch every iteration
     # (sglang_vlora.orchestrator); the comparison policies exist for benchmarks.
     policy: str = "vlora"
-    # Starvation threshold on a request's credit, seconds (Algorithm 1's theta).
-    theta: float = 1.0
-    # Requests per iteration the policy plans for; None: SGLang's max running requests.
+    # Starvation threshold on a request's credit, seconds (Algorithm 1's theta); None: derived
+    # by the orchestrator from measured request execution times.
+    theta: float | None = None
+    # Requests per iteration the policy plans for; None: derived from the requests in flight.
     max_batch: int | None = None
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
@@ -52,7 +53,7 @@ class VLoRAConfig:
             raise ValueError("--vlora-cpu-max-total-tokens must be positive")
         if self.policy not in POLICIES:
             raise ValueError(f"--vlora-policy must be one of {POLICIES}, got {self.policy!r}")
-        if not self.theta >= 0 or self.theta == float("inf"):
+        if self.theta is not None and (not self.theta >= 0 or self.theta == float("inf")):
             raise ValueError(f"--vlora-theta must be a finite number of seconds >= 0, got {self.theta}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
@@ -131,13 +132,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.theta,
         help="Starvation threshold in seconds: a request whose credit (waiting time + expected "
-        "execution + switch latency) exceeds it is served out of turn.",
+        "execution + switch latency) exceeds it is served out of turn (default: 1.5 x the mean "
+        "execution time of recently finished requests, shown in /vlora/status).",
     )
     group.add_argument(
         "--vlora-max-batch",
         type=int,
         default=None,
-        help="Requests per iteration the policy plans for (default: SGLang's max running requests).",
+        help="Requests per iteration the policy plans for (default: derived from the requests in "
+        "flight, capped by SGLang's max running requests and the largest decode CUDA graph; shown in "
+        "/vlora/status).",
     )
     group.add_argument(
         "--vlora-cost-model",

@@ -71,7 +71,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert result["atmm_registered"]
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
-        "policy": "vlora", "theta": 1.0, "max_batch": None, "cost_model": None,
+        "policy": "vlora", "theta": None, "max_batch": None, "cost_model": None,
         "max_image_pixels": 32 * 1024 * 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
