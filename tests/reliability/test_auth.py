@@ -2,7 +2,8 @@
 ``POST /vlora/mode`` is ADMIN_OPTIONAL (with an admin key only it; with only ``--api-key``
 that key; with no key open), ``GET /vlora/status`` reads with any configured key. Three
 servers: both keys (the reliability server), only ``--api-key``, and none (the shared one).
-The ``--api-key`` server also runs with ``--lora-target-modules all`` (SGLang's shorthand)."""
+The ``--api-key`` server also runs with ``--lora-target-modules all`` (SGLang's shorthand) and
+a small ``--vlora-max-image-pixels``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 
 from tests.conftest import launch, stop
 from tests.reliability.conftest import ADMIN, ADMIN_KEY, USER, USER_KEY
+from tests.server.reference import chat_text, make_image, png_base64
 
 NONE: dict = {}
+SMALL_IMAGE_LIMIT = 56 * 56 - 1  # one pixel below the test images
 WRONG = {"Authorization": "Bearer wrong"}
 UNMERGE = {"mode": "unmerge"}
 
@@ -30,7 +33,8 @@ def user_key_only(tiny_assets, tmp_path_factory):
     model, adapters = tiny_assets
     srv = launch(
         model, {"a8": adapters["a8"]}, tmp_path_factory.mktemp("user_key_only") / "server.log",
-        ["--vlora-policy", "manual", "--api-key", USER_KEY, "--lora-target-modules", "all"],
+        ["--vlora-policy", "manual", "--api-key", USER_KEY, "--lora-target-modules", "all",
+         "--vlora-max-image-pixels", str(SMALL_IMAGE_LIMIT)],
     )
     yield srv
     stop(srv)
@@ -70,3 +74,11 @@ def test_lora_target_modules_all_serves_what_atmm_serves(user_key_only, tiny_ass
     assert loaded.status_code == 200, loaded.text
     body = {"text": "hi", "lora_path": "c32", "sampling_params": {"max_new_tokens": 2}}
     assert httpx.post(user_key_only.url + "/generate", json=body, headers=USER, timeout=60).status_code == 200
+
+
+def test_the_image_limit_follows_its_flag(user_key_only):
+    image = "data:image/png;base64," + png_base64(make_image(seed=2, size=56))
+    body = {"text": chat_text("Describe.", with_image=True), "image_data": image, "sampling_params": {"max_new_tokens": 1}}
+    response = httpx.post(user_key_only.url + "/generate", json=body, headers=USER, timeout=60)
+    assert response.status_code == 400, response.text
+    assert f"56 x 56 = 3136 pixels is above the server's limit of {SMALL_IMAGE_LIMIT}" in response.text

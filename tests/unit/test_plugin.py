@@ -87,11 +87,12 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
 def test_explicit_flags_win_over_plugin_defaults():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "manual", "--lora-backend", "triton", "--max-total-tokens", "4096",
-         "--vlora-atmm-impl", "torch", *BASE_ARGS]
+         "--vlora-atmm-impl", "torch", "--vlora-max-image-pixels", "1000000", *BASE_ARGS]
     )
     assert result["fields"]["lora_backend"] == "triton"
     assert result["fields"]["max_total_tokens"] == 4096
-    assert json.loads(result["config_env"])["atmm_impl"] == "torch"
+    config = json.loads(result["config_env"])
+    assert (config["atmm_impl"], config["max_image_pixels"]) == ("torch", 1000000)
 
 
 def test_atmm_without_plugin_is_refused():
