@@ -185,7 +185,8 @@ def main() -> None:
             "versions": env.get("versions"), "profile_command": profile.get("command")}
     doc = {"meta": {**meta, "profile": args.profile.name, "table": args.table.name,
                     "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
-           "agree_factor": AGREE, "all_within": agree, "rows": result, "host_us": host}
+           "agree_factor": AGREE, "all_within": agree, "rows": result, "host_us": host,
+           "provenance": profile.get("provenance")}  # derived from the profile: its run's provenance
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(result, args.out / f"{args.tag}.png")

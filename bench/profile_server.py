@@ -302,6 +302,12 @@ def main() -> None:
     results["device"] = results["environment"]["device"]
     results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     results["command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
+    code = results["environment"]["code"]
+    results["provenance"] = {  # bench/report.py's layout
+        "git": {"commit": code.get("revision"), "clean": code.get("dirty") is False, "from": code.get("source")},
+        "versions": results["environment"]["versions"], "machine": {"device": results["device"]},
+        "date": results["date"],
+    }
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
 
