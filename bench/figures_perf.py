@@ -1,0 +1,75 @@
+"""Figures blocks of the in-server profile (``bench/profile_server.py``) and its consistency
+check (``bench/layer_cost.py``), for docs/perf.md and the README."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report import block
+
+SYSTEMS = (("nolora", "no LoRA"), ("csgmv", "csgmv"), ("triton", "triton"), ("atmm", "atmm"))
+
+
+def _rows(profile: dict[str, Any], scenarios: tuple[str, ...]) -> list[str]:
+    rows = []
+    systems = profile["systems"]
+    for scenario in scenarios:
+        floor = systems["nolora"][scenario]["busy_us_per_step"]
+        for key, label in SYSTEMS:
+            if key not in systems or scenario not in systems[key]:
+                continue
+            s = systems[key][scenario]
+            lora = s["gpu_us_per_step"].get("lora")
+            launches = s["kernels_per_step_by_category"].get("lora")
+            adds = "-" if key == "nolora" else f"{s['busy_us_per_step'] - floor:+.0f}"
+            kernels = "-" if lora is None else f"{lora:.0f} ({launches:.0f})"
+            rows.append(f"| {scenario} | {label} | {s['busy_us_per_step']:.0f} | {adds} | {kernels} | "
+                        f"{s['gpu_us_per_step'].get('gemm', 0.0):.0f} |")
+    return rows
+
+
+def _table(profile: dict[str, Any]) -> str:
+    head = ["| scenario | system | GPU busy us | LoRA adds (busy) | LoRA kernels us (launches) | base GEMMs us |",
+            "|---|---|---|---|---|---|"]
+    scenarios = tuple(s for s in ("decode8", "decode32", "prefill1", "prefill4") if s in profile["systems"]["nolora"])
+    return "\n".join(head + _rows(profile, scenarios)) + "\n\nPer decode step (CUDA-graph replay) or per prefill forward."
+
+
+@block("perf-before", "profile_h200_before.json")
+def perf_before(profile: dict[str, Any]) -> str:
+    return _table(profile)
+
+
+@block("perf-after", "profile_h200.json")
+def perf_after(profile: dict[str, Any]) -> str:
+    return _table(profile)
+
+
+@block("perf-consistency", "layer_cost_h200.json")
+def perf_consistency(check: dict[str, Any]) -> str:
+    lines = ["| scenario | tokens | table prediction us | LoRA kernels us | GPU busy LoRA adds us | adds / prediction |",
+             "|---|---|---|---|---|---|"]
+    for r in check["rows"]:
+        lines.append(f"| {r['scenario']} | {r['tokens']} | {r['predicted_us']:.0f} | {r['lora_kernels_us']:.0f} | "
+                     f"{r['lora_cost_us']:.0f} | {r['cost_over_prediction']:.2f} |")
+    verdict = "within" if check["all_within"] else "not within"
+    lines.append(f"\nThe in-server LoRA time is {verdict} {check['agree_factor']}x of the prediction in every scenario.")
+    return "\n".join(lines)
+
+
+@block("perf-e2e-lora-cost", "e2e_h200.json")
+def perf_e2e_lora_cost(merged: dict[str, Any]) -> str:
+    """LoRA cost over the no-LoRA floor per workload, ATMM alone (`unmerge-only`) against
+    SGLang's backends, from the merged end-to-end runs."""
+    from bench.e2e import report as e2e_report
+
+    agg = e2e_report.aggregate(merged["runs"])
+    lines = ["| workload | csgmv | triton | atmm (`unmerge-only`) | atmm / csgmv |", "|---|---|---|---|---|"]
+    for point, systems in agg.items():
+        label = next(p["label"] for run in merged["runs"] for pid, p in run["points"].items() if pid == point)
+        cells = [e2e_report._cell((systems.get(s) or {}).get("lora_cost"), 1) for s in ("csgmv", "triton",
+                                                                                       "unmerge_only")]
+        ours, theirs = (e2e_report._mean(systems, s, "lora_cost") for s in ("unmerge_only", "csgmv"))
+        ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
+        lines.append(f"| {label} | {' | '.join(cells)} | {ratio} |")
+    return "\n".join(lines) + "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats)."
