@@ -35,6 +35,7 @@ from types import ModuleType
 
 import torch
 
+from sglang_vlora.atmm.split_k import split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ HEADERS = ("atmm_kernels.cuh",)
 MODULE_NAME = "sglang_vlora_atmm_cuda"
 CACHE_ENV = "SGLANG_VLORA_CACHE"
 VERBOSE_ENV = "SGLANG_VLORA_CUDA_VERBOSE"
-COUNTER_SLOTS = 1 << 20
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -193,20 +193,6 @@ def tiles(op: str) -> list[tuple[int, ...]]:
 
 
 # ---- launchers --------------------------------------------------------------------------
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device) -> torch.Tensor:
-    """Per-device split-K arrival counters: zeroed once, re-armed by the kernel.
-
-    First use must not be inside CUDA-graph capture; launches with split-K must not run
-    concurrently on several streams of one device (as for the Triton kernels).
-    """
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
 
 def exact_row_tiles(seg_lens: Sequence[int], block_m: int) -> int:
     """Row tiles of the items (host lengths): the smallest grid that covers them."""

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 
@@ -271,22 +272,6 @@ def _row_tiles(row_bound: int, block_m: int, n_items: int) -> int:
 def _cap(n_items: int) -> int:
     """Vector width of the tile search: a power of two >= the item count."""
     return max(16, 1 << (n_items - 1).bit_length())
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-COUNTER_SLOTS = 1 << 20
-
-
-def split_counters(device: torch.device) -> torch.Tensor:
-    """Per-device split-K arrival counters: zeroed once, re-armed by the kernel.
-
-    Allocated on first use, which must not be inside CUDA-graph capture (warm up
-    first, as every graph user does). Launches that use split-K must not run
-    concurrently on several streams of one device.
-    """
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
 
 
 def launch_shrink(
