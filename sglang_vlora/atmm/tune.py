@@ -427,7 +427,7 @@ def write_table(
     return sum(map(len, entries.values()))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model",
@@ -481,7 +481,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--budget-s", type=float, default=None, help="stop timing after this long")
     ap.add_argument("--log", type=Path, default=None, help="per-shape results, one line each")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tune needs a CUDA GPU")
     layers = [layer for name in args.model for layer in MODELS[name]] + args.dims
