@@ -48,9 +48,9 @@ logger = logging.getLogger(__name__)
 # backend does not implement.
 UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
 NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merged
-# Profiler ranges around the eager LoRA calls (docs/perf.md), off unless asked for: a range
-# costs host time on every call even when no profiler runs.
-_eager_range = (
+# Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
+# asked for: a range costs host time on every call even when no profiler runs.
+_profile_range = (
     torch.profiler.record_function if os.environ.get("SGLANG_VLORA_PROFILE_RANGES") == "1"
     else lambda _name: contextlib.nullcontext()
 )
@@ -166,7 +166,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     ):
         if use_prefill_cuda_graph:
             raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
-        with torch.profiler.record_function("vlora.prepare_lora_batch"):
+        with _profile_range("vlora.prepare_lora_batch"):
             self._prepare(forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph)
 
     def _prepare(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph: bool) -> None:
@@ -247,7 +247,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
             return ops.lora_shrink_static(x, weights, self.graph_items, stack_num, impl=self.impl)
-        with _eager_range("vlora.eager_lora"):
+        with _profile_range("vlora.eager_lora"):
             return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
     def run_lora_b_sgemm(
@@ -263,7 +263,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_expand_static(x, weights, self.graph_items, offsets, output, impl=self.impl)
-        with _eager_range("vlora.eager_lora"):
+        with _profile_range("vlora.eager_lora"):
             return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
     def run_qkv_lora(
@@ -302,7 +302,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
             return ops.lora_apply_static(x, lora_a, lora_b, self.graph_items, offsets, output, impl=self.impl)
-        with _eager_range("vlora.eager_lora"):
+        with _profile_range("vlora.eager_lora"):
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 
     @staticmethod
