@@ -59,15 +59,16 @@ def assert_same_up_to_near_ties(got: Answer, solo: Answer, what: str) -> None:
             return  # the continuations differ from here on
 
 
-def flush_cache(server, timeout_s: float = 30) -> None:
+def flush_cache(server, admin: dict = ADMIN, timeout_s: float = 30) -> None:
     """Empty the radix cache (once the server is idle): solo runs then compute the whole prompt,
-    so two of them are comparable bit for bit."""
-    response = httpx.post(server.url + f"/flush_cache?timeout={timeout_s}", headers=ADMIN, timeout=timeout_s + 30)
+    so two of them are comparable bit for bit. ``admin``: the headers the server's admin
+    routes take."""
+    response = httpx.post(server.url + f"/flush_cache?timeout={timeout_s}", headers=admin, timeout=timeout_s + 30)
     assert response.status_code == 200, response.text
 
 
-def solo_answers(server, specs: list[Spec], max_new_tokens: int = MAX_NEW) -> dict[Spec, Answer]:
-    flush_cache(server)
+def solo_answers(server, specs: list[Spec], max_new_tokens: int = MAX_NEW, admin: dict = ADMIN) -> dict[Spec, Answer]:
+    flush_cache(server, admin)
     answers = {}
     for spec in specs:
         response = httpx.post(server.url + "/generate", json=spec.payload(max_new_tokens), headers=USER, timeout=120)

@@ -30,6 +30,26 @@ def guarded(tiny_assets, tmp_path_factory) -> Server:
     stop(srv)
 
 
+# The second server: only --api-key, the orchestrator (Algorithm 1) on four pool slots with a
+# fifth adapter (b16's files under another name), SGLang's "all" target modules, a small image
+# limit. The auth, orchestrator and limit tests share it.
+SMALL_IMAGE_LIMIT = 56 * 56 - 1  # one pixel below the test images
+
+
+@pytest.fixture(scope="session")
+def one_key(tiny_assets, tmp_path_factory) -> Server:
+    model, adapters = tiny_assets
+    srv = launch(
+        model,
+        {**adapters, "fifth": adapters["b16"]},
+        tmp_path_factory.mktemp("one_key") / "server.log",
+        ["--api-key", USER_KEY, "--vlora-theta", "60", "--vlora-max-batch", "16", "--lora-target-modules", "all",
+         "--vlora-max-image-pixels", str(SMALL_IMAGE_LIMIT)],
+    )
+    yield srv
+    stop(srv)
+
+
 def assert_serving(server: Server) -> None:
     """The server is up and a good request answers."""
     assert server.alive(), server.log_tail()
@@ -53,6 +73,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed:
-        srv = item.funcargs.get("guarded")
-        if isinstance(srv, Server):
-            report.sections.append(("guarded server log (tail)", srv.log_tail()))
+        for name in ("guarded", "one_key"):
+            srv = item.funcargs.get(name)
+            if isinstance(srv, Server):
+                report.sections.append((f"{name} server log (tail)", srv.log_tail()))

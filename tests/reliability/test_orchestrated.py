@@ -10,10 +10,9 @@ import asyncio
 import json
 
 import httpx
-import pytest
 
-from tests.conftest import launch, stop
 from tests.reliability.answers import Spec, assert_same_up_to_near_ties, parse, solo_answers
+from tests.reliability.conftest import USER
 
 QUESTION = "What is in the image?"
 LONG, SHORT = 64, 16
@@ -21,27 +20,15 @@ RUNNING = [None, "a8", "b16", "c32"] * 2
 BURST = 20  # requests for the fifth adapter: most of the queue, so Algorithm 1 wants it merged
 
 
-@pytest.fixture(scope="module")
-def orchestrated_4_slots(tiny_assets, tmp_path_factory):
-    model, adapters = tiny_assets
-    adapters = {**adapters, "fifth": adapters["b16"]}  # b16's files under a fifth name
-    srv = launch(
-        model, adapters, tmp_path_factory.mktemp("orchestrated_4_slots") / "server.log",
-        ["--vlora-theta", "60", "--vlora-max-batch", "16"],
-    )
-    yield srv
-    stop(srv)
-
-
 async def _burst(server) -> list:
     async with httpx.AsyncClient(timeout=300) as client:
         async def one(spec: Spec, max_new: int, decoding: asyncio.Event | None = None) -> tuple:
             body = spec.payload(max_new, stream=decoding is not None)
             if decoding is None:
-                r = await client.post(server.url + "/generate", json=body)
+                r = await client.post(server.url + "/generate", json=body, headers=USER)
                 return spec, max_new, r.status_code, r.json() if r.status_code == 200 else r.text
             last = None
-            async with client.stream("POST", server.url + "/generate", json=body) as r:
+            async with client.stream("POST", server.url + "/generate", json=body, headers=USER) as r:
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         last = json.loads(line[len("data: "):])
@@ -55,10 +42,10 @@ async def _burst(server) -> list:
         return await asyncio.gather(*running, *burst)
 
 
-def test_orchestrator_merges_wait_for_a_pool_slot_and_lose_nothing(orchestrated_4_slots):
-    srv = orchestrated_4_slots
-    solo = {LONG: solo_answers(srv, [Spec(a, QUESTION) for a in RUNNING[:4]], LONG),
-            SHORT: solo_answers(srv, [Spec("fifth", QUESTION)], SHORT)}
+def test_orchestrator_merges_wait_for_a_pool_slot_and_lose_nothing(one_key):
+    srv = one_key  # only --api-key: it opens the admin routes too
+    solo = {LONG: solo_answers(srv, [Spec(a, QUESTION) for a in RUNNING[:4]], LONG, admin=USER),
+            SHORT: solo_answers(srv, [Spec("fifth", QUESTION)], SHORT, admin=USER)}
     results = asyncio.run(_burst(srv))
     errors = [(spec, status, body) for spec, _, status, body in results if status != 200 or body is None]
     assert not errors, errors[:3]
@@ -67,6 +54,6 @@ def test_orchestrator_merges_wait_for_a_pool_slot_and_lose_nothing(orchestrated_
         assert len(answer.tokens) == max_new, spec
         assert_same_up_to_near_ties(answer, solo[max_new][spec], f"{spec} beside the orchestrator's merges")
     assert srv.alive(), srv.log_tail()
-    status = httpx.get(srv.url + "/vlora/status", timeout=60).json()["orchestrator"]
+    status = httpx.get(srv.url + "/vlora/status", headers=USER, timeout=60).json()["orchestrator"]
     refused = "needs a LoRA pool slot" in srv.log_path.read_text(errors="replace")
     print("orchestrator:", status["switches"], "switches", status["iterations"], "refused for a slot:", refused)
