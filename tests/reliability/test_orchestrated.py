@@ -15,9 +15,9 @@ from tests.reliability.answers import Spec, assert_same_up_to_near_ties, parse, 
 from tests.reliability.conftest import USER
 
 QUESTION = "What is in the image?"
-LONG, SHORT = 64, 16
+LONG, SHORT = 32, 12
 RUNNING = [None, "a8", "b16", "c32"] * 2
-BURST = 20  # requests for the fifth adapter: most of the queue, so Algorithm 1 wants it merged
+BURST = 16  # requests for the fifth adapter: most of the queue, so Algorithm 1 wants it merged
 
 
 async def _burst(server) -> list:
