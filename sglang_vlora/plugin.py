@@ -106,6 +106,9 @@ def apply_server_defaults(args: argparse.Namespace, cfg: vlora_config.VLoRAConfi
             setattr(args, name, value)
     # CUDA graphs and overlap scheduling need a GPU.
     args.disable_overlap_schedule = True
+    # An idle scheduler polls its sockets in a busy loop unless told to sleep: on a CPU
+    # machine that takes most of a core per server doing nothing.
+    args.sleep_on_idle = True
     if getattr(args, "cuda_graph_backend_decode", None) is None:
         args.cuda_graph_backend_decode = "disabled"
     if getattr(args, "cuda_graph_backend_prefill", None) is None:

@@ -27,7 +27,7 @@ except SystemExit as exc:
     print(json.dumps({"exit": str(exc)}))
     raise SystemExit(0)
 fields = {k: getattr(args, k) for k in ("enable_lora", "lora_backend", "device", "attention_backend",
-          "mm_attention_backend", "disable_overlap_schedule", "max_total_tokens", "lora_paths")}
+          "mm_attention_backend", "disable_overlap_schedule", "max_total_tokens", "lora_paths", "sleep_on_idle")}
 print(json.dumps({
     "fields": {k: (v if isinstance(v, (str, int, bool, type(None))) else str(v)) for k, v in fields.items()},
     "atmm_registered": "atmm" in LORA_SUPPORTED_BACKENDS,
@@ -82,6 +82,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert fields["mm_attention_backend"] == "sdpa"
     assert fields["disable_overlap_schedule"] is True
     assert fields["max_total_tokens"] == 65536
+    assert fields["sleep_on_idle"] is True
 
 
 def test_explicit_flags_win_over_plugin_defaults():
