@@ -174,9 +174,10 @@ def test_starving_requests_come_first_in_slo_order(name, state, config, cost):
 @settings(max_examples=100, deadline=None)
 @given(state=states(), config=configs, cost=cost_models())
 def test_vlora_weights_follow_algorithm_1(state, config, cost):
-    """Line 5 picks the weights (no switch budget applies: the states never switched);
-    the batch then runs merge or mixture by whether other adapters' requests are in it."""
-    decision = make_policy("vlora", config, cost).decide(state)
+    """Line 5 picks the weights (no switch budget applies: the states never switched; no
+    pool-slot limit: the slot check is a deviation tested on its own); the batch then runs
+    merge or mixture by whether other adapters' requests are in it."""
+    decision = make_policy("vlora", dataclasses.replace(config, adapter_slots=None), cost).decide(state)
     if not state.requests:
         return
     starving = len(decision.starving)

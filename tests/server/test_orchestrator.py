@@ -189,8 +189,9 @@ def dlora_server(tiny_assets, tmp_path_factory):
 
 def late_majority(server) -> dict[str, int]:
     """Three long b16 requests start; 0.5 s later twelve short a8 requests arrive and make
-    a8 the dominant adapter while the b16 requests are still decoding. Returns the
-    iterations each mode ran."""
+    a8 the dominant adapter while the b16 requests are still decoding (long enough that a
+    fast machine, and the switch budget's wait after an earlier switch, leave them running
+    when a8 is merged). Returns the iterations each mode ran."""
     def send(adapter: str, count: int, tokens: int) -> None:
         texts = [chat_text(f"Scene {adapter} {i}: what moves?", with_image=False) for i in range(count)]
         httpx.post(
@@ -202,7 +203,7 @@ def late_majority(server) -> dict[str, int]:
 
     before = status(server)["orchestrator"]["iterations"]
     with ThreadPoolExecutor(2) as pool:
-        long_b = pool.submit(send, "b16", 3, 32)
+        long_b = pool.submit(send, "b16", 3, 160)
         time.sleep(0.5)
         pool.submit(send, "a8", 12, 4).result()
         long_b.result()
