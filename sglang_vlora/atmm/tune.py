@@ -244,6 +244,25 @@ def _progress(total: int, desc: str):
         return _Quiet()
 
 
+class Budget:
+    """Seconds of timing from now on (``None``: no limit)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def spent(self, fraction: float = 1.0) -> bool:
+        """Whether ``fraction`` of the budget has passed."""
+        return self.seconds is not None and time.monotonic() - self.start > fraction * self.seconds
+
+
+def time_shape(shape: Shape, cfgs: list, reps: int, iters: int, impl: str = "triton") -> list[tuple[float, Any]]:
+    """``(microseconds, config)`` of every config of ``cfgs`` on one shape, fastest first."""
+    problem = Problem(shape)
+    timed = [(time_candidate(problem, cfg, reps, iters, impl), cfg) for cfg in cfgs]
+    del problem
+    return sorted(timed, key=lambda t: t[0])
+
+
 def search(
     shapes: list[Shape],
     workers: int,
@@ -252,73 +271,50 @@ def search(
     log: Callable[[str], None],
     budget_s: float | None = None,
 ) -> dict[Shape, tuple[Any, float]]:
-    """Tune the shrink shapes, then the expand shapes; with ``budget_s`` each op gets
-    an equal share (see :func:`search_op`)."""
+    """Two-stage search of the shrink shapes, then of the expand shapes: the best config and
+    its microseconds per shape. With ``budget_s`` each op gets an equal share of it (timing
+    time, counted after stage 1's compilation): stage 1 stops taking new shapes at 70% of the
+    share (later shapes are left out of the table: the nearest-shape rule covers them) and
+    stage 2 stops at 100% (later shapes keep their stage-1 best)."""
+    sm_count, smem = _hw_limits()
     ops = sorted({sh[0] for sh in shapes}, reverse=True)  # shrink first
     share = None if budget_s is None else budget_s / len(ops)
-    best = {}
+    best: dict[Shape, tuple[Any, float]] = {}
     for op in ops:
-        best.update(search_op([sh for sh in shapes if sh[0] == op], workers, reps, iters, log, share))
+        stage1 = {sh: stage1_candidates(sh, sm_count, smem) for sh in shapes if sh[0] == op}
+        log(f"{op} stage 1: {sum(map(len, stage1.values()))} timings over {len(stage1)} shapes")
+        precompile(stage1, workers)
+        budget = Budget(share)
+        results: dict[Shape, list[tuple[float, Any]]] = {}
+        bar = _progress(sum(map(len, stage1.values())), f"{op} stage 1")
+        for shape, cfgs in stage1.items():
+            if budget.spent(0.7):
+                log(f"budget: {op} stage 1 stopped after {len(results)} of {len(stage1)} shapes")
+                break
+            results[shape] = time_shape(shape, cfgs, reps, iters)
+            bar.update(len(cfgs))
+        bar.close()
+        stage2 = {shape: stage2_candidates(timed, smem) for shape, timed in results.items()}
+        log(f"{op} stage 2: {sum(map(len, stage2.values()))} timings")
+        precompile(stage2, workers)
+        bar = _progress(sum(map(len, stage2.values())), f"{op} stage 2")
+        for shape, cfgs in stage2.items():
+            timed = results[shape] + ([] if budget.spent(1.0) else time_shape(shape, cfgs, reps, iters))
+            bar.update(len(cfgs))
+            us, cfg = min(timed, key=lambda t: t[0])
+            best[shape] = (cfg, us)
+            default_us = next(t for t, c in timed if c == default_config(shape))
+            log(f"{shape[:5]} best {us:.2f} us {cfg} default {default_us:.2f} us")
+        bar.close()
     return best
 
 
-def search_op(
-    shapes: list[Shape],
-    workers: int,
-    reps: int,
-    iters: int,
-    log: Callable[[str], None],
-    budget_s: float | None = None,
-) -> dict[Shape, tuple[Any, float]]:
-    """Two-stage search. With ``budget_s`` (timing time, counted after stage 1's
-    compilation), stage 1 stops taking new shapes at 70% of the budget (later shapes
-    are left out of the table: the nearest-shape rule covers them) and stage 2 stops
-    at 100% (later shapes keep their stage-1 best)."""
-    sm_count, smem = _hw_limits()
-    stage1 = {sh: stage1_candidates(sh, sm_count, smem) for sh in shapes}
-    op = shapes[0][0] if shapes else "-"
-    log(f"{op} stage 1: {sum(map(len, stage1.values()))} timings over {len(shapes)} shapes")
-    precompile(stage1, workers)
-    t0 = time.monotonic()
-
-    def over(fraction: float) -> bool:
-        return budget_s is not None and time.monotonic() - t0 > fraction * budget_s
-
-    results: dict[Shape, list[tuple[float, Any]]] = {}
-    bar = _progress(sum(map(len, stage1.values())), f"{op} stage 1")
-    for shape, cfgs in stage1.items():
-        if over(0.7):
-            log(f"budget: {op} stage 1 stopped after {len(results)} of {len(shapes)} shapes")
-            break
-        problem = Problem(shape)
-        timed = [(time_candidate(problem, cfg, reps, iters), cfg) for cfg in cfgs]
-        bar.update(len(cfgs))
-        results[shape] = sorted(timed, key=lambda t: t[0])
-        del problem
-    bar.close()
-
-    stage2 = {}
-    for shape, timed in results.items():
-        seen = {cfg for _, cfg in timed}
-        variants = {v for _, cfg in timed[:3] for v in tiling.launch_variants(cfg, smem)}
-        stage2[shape] = sorted(variants - seen, key=str)
-    log(f"{op} stage 2: {sum(map(len, stage2.values()))} timings")
-    precompile(stage2, workers)
-    bar = _progress(sum(map(len, stage2.values())), f"{op} stage 2")
-    best = {}
-    for shape, cfgs in stage2.items():
-        timed = list(results[shape])
-        if not over(1.0):
-            problem = Problem(shape)
-            timed += [(time_candidate(problem, cfg, reps, iters), cfg) for cfg in cfgs]
-            del problem
-        bar.update(len(cfgs))
-        us, cfg = min(timed, key=lambda t: t[0])
-        best[shape] = (cfg, us)
-        default_us = next(t for t, c in timed if c == default_config(shape))
-        log(f"{shape[:5]} best {us:.2f} us {cfg} default {default_us:.2f} us")
-    bar.close()
-    return best
+def stage2_candidates(timed: list[tuple[float, Any]], smem: int) -> list:
+    """Warps x stages of stage 1's three best tiles (``timed`` fastest first), less the
+    configs stage 1 timed already."""
+    seen = {cfg for _, cfg in timed}
+    variants = {v for _, cfg in timed[:3] for v in tiling.launch_variants(cfg, smem)}
+    return sorted(variants - seen, key=str)
 
 
 def search_cuda(
@@ -331,25 +327,21 @@ def search_cuda(
     """Time every CUDA candidate of each shape (the extension is compiled already);
     with ``budget_s`` later shapes are left out once it is spent."""
     sm_count, _ = _hw_limits()
-    t0 = time.monotonic()
+    budget = Budget(budget_s)
     best: dict[Shape, tuple[Any, float]] = {}
     bar = _progress(len(shapes), "cuda")
     for shape in shapes:
-        if budget_s is not None and time.monotonic() - t0 > budget_s:
+        if budget.spent():
             log(f"budget: cuda stopped after {len(best)} of {len(shapes)} shapes")
             break
         if shape[0] == "shrink":
             cands = list(tiling.cuda_shrink_candidates(*shape[1:4], sm_count))
         else:
             cands = list(tiling.cuda_expand_candidates(*shape[1:5]))
-        problem = Problem(shape)
-        timed = [(time_candidate(problem, cfg, reps, iters, "cuda"), cfg) for cfg in cands]
-        del problem
+        timed = time_shape(shape, cands, reps, iters, "cuda")
         bar.update(1)
-        if not timed:
-            continue
-        us, cfg = min(timed, key=lambda t: t[0])
-        if math.isfinite(us):
+        if timed and math.isfinite(timed[0][0]):
+            us, cfg = timed[0]
             best[shape] = (cfg, us)
             log(f"{shape[:5]} cuda best {us:.2f} us {cfg}")
     bar.close()

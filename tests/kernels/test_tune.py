@@ -1,8 +1,10 @@
-"""The tuner's pure parts (no GPU): grid shapes, layer specs, table writing and merging."""
+"""The tuner's pure parts (no GPU): grid shapes, layer specs, table writing and merging, and the
+search over a stand-in for the GPU's timing."""
 
 from __future__ import annotations
 
 import json
+import zlib
 
 from sglang_vlora.atmm import tiling, tune
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
@@ -78,3 +80,62 @@ def test_write_table_picks_the_fastest_of_three_impls(tmp_path) -> None:
     assert by_m[1024]["impl"] == "cublas" and by_m[1024]["cublas"]["us"] == 6.5
     assert by_m[8]["impl"] == "triton" and by_m[8]["cublas"]["us"] == 7.0
     assert table["capability"] == [9, 0]
+
+
+class _FakeGpu:
+    """Stands in for the GPU timing: a config's microseconds are a fixed function of it, and
+    each timing advances a fake clock by one second."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timed: list[tuple] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time_candidate(self, problem, cfg, reps: int, iters: int, impl: str = "triton") -> float:
+        self.now += 1.0
+        self.timed.append((problem.shape, cfg))
+        return _cost(problem.shape, cfg)
+
+
+def _cost(shape: tuple, cfg) -> float:
+    return float(zlib.crc32(repr((shape, cfg)).encode()) % 1000) + 1.0
+
+
+def _fake_gpu(monkeypatch) -> _FakeGpu:
+    gpu = _FakeGpu()
+    monkeypatch.setattr(tune, "time", gpu)
+    monkeypatch.setattr(tune, "time_candidate", gpu.time_candidate)
+    monkeypatch.setattr(tune, "Problem", lambda shape: type("P", (), {"shape": shape})())
+    monkeypatch.setattr(tune, "precompile", lambda work, workers: None)
+    monkeypatch.setattr(tune, "_hw_limits", lambda: (132, 227 * 1024))
+    return gpu
+
+
+def test_search_keeps_the_fastest_of_both_stages_shrink_first(monkeypatch) -> None:
+    gpu = _fake_gpu(monkeypatch)
+    shapes = [("expand", 4096, 1, 16, 8, (4096,)), ("shrink", 4096, 16, 8), ("shrink", 4096, 16, 64)]
+    best = tune.search(shapes, workers=1, reps=1, iters=1, log=lambda line: None)
+    assert set(best) == set(shapes)
+    assert gpu.timed[0][0][0] == "shrink" and gpu.timed[-1][0][0] == "expand"
+    for shape, (cfg, us) in best.items():
+        timed = {c: _cost(s, c) for s, c in gpu.timed if s == shape}
+        assert us == min(timed.values()) and timed[cfg] == us
+        stage1 = tune.stage1_candidates(shape, 132, 227 * 1024)
+        assert set(stage1) < set(timed)  # stage 2 timed more than stage 1's configs
+        ranked = sorted(stage1, key=timed.get)
+        variants = {v for c in ranked[:3] for v in tiling.launch_variants(c, 227 * 1024)}
+        assert set(timed) == set(stage1) | variants
+
+
+def test_search_budget_cuts_stage_1_then_stage_2(monkeypatch) -> None:
+    gpu = _fake_gpu(monkeypatch)
+    shapes = [("shrink", 4096, 16, m) for m in (1, 8, 64, 256)]
+    first = len(tune.stage1_candidates(shapes[0], 132, 227 * 1024))
+    # one second a timing: stage 1 takes no shape once 70% of the budget has passed, and
+    # stage 2 times nothing once all of it has; a shape it reaches keeps its stage-1 best
+    best = tune.search(shapes, workers=1, reps=1, iters=1, log=lambda line: None, budget_s=first - 0.5)
+    assert list(best) == shapes[:1]
+    assert len(gpu.timed) == first
+    assert best[shapes[0]][1] == min(_cost(shapes[0], c) for _, c in gpu.timed)
