@@ -205,8 +205,9 @@ def fuse(
 
     Adapters are named ``<out_dir name>-<i>`` and saved in sub-folders of that name.
     ``run_fingerprint`` identifies the run: a checkpoint or output of another run is refused
-    rather than mixed in, and a finished run's manifest is returned as it is. ``task_info`` adds entries (prompt, labels, answer mode...) to each task of
-    the manifest. Resumes from ``out_dir/.fusion`` when a checkpoint is there.
+    rather than mixed in, and a finished run's manifest is returned as it is. ``task_info`` adds
+    entries (prompt, labels, answer mode...) to each task of the manifest. Resumes from
+    ``out_dir/.fusion`` when a checkpoint is there.
     """
     out_dir = Path(out_dir)
     required = {t.name: t.required for t in tasks}
@@ -215,98 +216,131 @@ def fuse(
     checkpoint = _Checkpoint(out_dir)
     loaded = checkpoint.load()
     if loaded is None and (out_dir / MANIFEST).exists():
-        done = json.loads((out_dir / MANIFEST).read_text())
-        if done.get("fingerprint") != run_fingerprint:
-            raise ValueError(
-                f"{out_dir} holds the output of another run; remove it (vlora-fuse --restart) or use a new output folder"
-            )
-        log.info("%s is complete: nothing to do", out_dir)
-        return FusionResult(done, out_dir / MANIFEST)
+        return _finished_run(out_dir, run_fingerprint)
     if loaded is not None:
-        state, adapter_dir = loaded
-        if state.fingerprint != run_fingerprint:
-            raise ValueError(
-                f"{checkpoint.root} holds a checkpoint of another run (spec, settings or base model differ); "
-                "remove it (vlora-fuse --restart) or use a new output folder"
-            )
-        if state.current is not None:
-            learner.load_adapter(adapter_dir, state.current.tasks)
-        log.info("resuming at dataset %d of %d", state.next_index, len(state.order))
+        state = _resumed_state(loaded, learner, checkpoint, run_fingerprint)
     else:
-        order_policy = ORDER_POLICIES[policy] if isinstance(policy, str) else policy
-        order = order_policy(list(tasks), random.Random(derive_seed(seed, "order")))
-        if sorted(order) != sorted(required):
-            raise ValueError(f"order policy returned {order}, not a permutation of {sorted(required)}")
-        state = FusionState(fingerprint=run_fingerprint, order=order)
-    prefix = out_dir.name
-
-    def adapter_index() -> int:
-        return len(state.closed)
-
-    def close() -> None:
-        record = state.current
-        started = time.perf_counter()
-        record.test_accuracy = {t: learner.evaluate(t, "test") for t in record.tasks}
-        record.seconds += time.perf_counter() - started
-        learner.save_adapter(out_dir / record.name, record.tasks)
-        state.closed.append(record)
-        state.current = None
-
-    def open_with(task: str) -> None:
-        index = adapter_index()
-        record = AdapterRecord(name=f"{prefix}-{index}", tasks=[task])
-        started = time.perf_counter()
-        learner.start_adapter(derive_seed(seed, "adapter", index))
-        learner.train([task], task, derive_seed(seed, "train", index, task))
-        record.accuracy = {task: learner.evaluate(task, "val")}
-        record.seconds += time.perf_counter() - started
-        state.current = record
-        if record.accuracy[task] < required[task]:
-            log.warning(
-                "%s reaches %.3f alone, below its requirement %.3f: it keeps adapter %s to itself",
-                task,
-                record.accuracy[task],
-                required[task],
-                record.name,
-            )
-            close()
-
+        state = _new_state(tasks, seed, policy, run_fingerprint)
+    steps = _FusionSteps(state, learner, out_dir, required, seed)
     bar = tqdm(total=len(state.order), initial=state.next_index, desc="fusion", disable=not progress)
     while state.next_index < len(state.order):
-        task = state.order[state.next_index]
-        current = state.current
-        if current is None:
-            open_with(task)
-        else:
-            started = time.perf_counter()
-            before = learner.snapshot()
-            candidate = [*current.tasks, task]
-            learner.train(candidate, task, derive_seed(seed, "train", adapter_index(), task))
-            accuracy = {t: learner.evaluate(t, "val") for t in candidate}
-            current.seconds += time.perf_counter() - started
-            below = {t: a for t, a in accuracy.items() if a < required[t]}
-            if below:
-                learner.restore(before)
-                state.rejections.append({"task": task, "adapter": current.name, "below": below})
-                log.info("%s does not fit %s (below requirement: %s): rolled back", task, current.name, below)
-                close()
-                open_with(task)
-            else:
-                current.tasks, current.accuracy = candidate, accuracy
-                log.info("%s joins %s: %s", task, current.name, {t: round(a, 3) for t, a in accuracy.items()})
+        steps.add(state.order[state.next_index])
         state.next_index += 1
         checkpoint.save(state, learner)
         bar.update(1)
         bar.set_postfix(adapters=len(state.closed) + (state.current is not None))
     bar.close()
     if state.current is not None:
-        close()
+        steps.close()
     manifest = build_manifest(state, required, seed, policy, task_info or {})
     manifest["fingerprint"] = run_fingerprint
     path = out_dir / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     checkpoint.clear()
     return FusionResult(manifest, path)
+
+
+def _finished_run(out_dir: Path, run_fingerprint: str) -> FusionResult:
+    """The manifest of a run that completed in ``out_dir``; refused if another run wrote it."""
+    done = json.loads((out_dir / MANIFEST).read_text())
+    if done.get("fingerprint") != run_fingerprint:
+        raise ValueError(
+            f"{out_dir} holds the output of another run; remove it (vlora-fuse --restart) or use a new output folder"
+        )
+    log.info("%s is complete: nothing to do", out_dir)
+    return FusionResult(done, out_dir / MANIFEST)
+
+
+def _resumed_state(
+    loaded: tuple[FusionState, Path], learner: Learner, checkpoint: _Checkpoint, run_fingerprint: str
+) -> FusionState:
+    """The checkpoint's state, with its open adapter made the live one; refused if another
+    run wrote it."""
+    state, adapter_dir = loaded
+    if state.fingerprint != run_fingerprint:
+        raise ValueError(
+            f"{checkpoint.root} holds a checkpoint of another run (spec, settings or base model differ); "
+            "remove it (vlora-fuse --restart) or use a new output folder"
+        )
+    if state.current is not None:
+        learner.load_adapter(adapter_dir, state.current.tasks)
+    log.info("resuming at dataset %d of %d", state.next_index, len(state.order))
+    return state
+
+
+def _new_state(
+    tasks: Sequence[FusionTask], seed: int, policy: str | OrderPolicy, run_fingerprint: str
+) -> FusionState:
+    """A fresh run: the datasets in the order the policy gives (checked to be a permutation)."""
+    order_policy = ORDER_POLICIES[policy] if isinstance(policy, str) else policy
+    order = order_policy(list(tasks), random.Random(derive_seed(seed, "order")))
+    if sorted(order) != sorted(t.name for t in tasks):
+        raise ValueError(f"order policy returned {order}, not a permutation of {sorted(t.name for t in tasks)}")
+    return FusionState(fingerprint=run_fingerprint, order=order)
+
+
+class _FusionSteps:
+    """The greedy steps over a run's state: add a dataset to the open adapter or roll it back,
+    open an adapter with a dataset, close an adapter (measuring its test split)."""
+
+    def __init__(
+        self, state: FusionState, learner: Learner, out_dir: Path, required: Mapping[str, float], seed: int
+    ) -> None:
+        self.state, self.learner, self.out_dir, self.required, self.seed = state, learner, out_dir, required, seed
+
+    def add(self, task: str) -> None:
+        """Train the open adapter with ``task`` and keep it if every task of it still meets its
+        requirement on val; else roll back, close it and open a new adapter with ``task``."""
+        current = self.state.current
+        if current is None:
+            self.open_with(task)
+            return
+        started = time.perf_counter()
+        before = self.learner.snapshot()
+        candidate = [*current.tasks, task]
+        self.learner.train(candidate, task, derive_seed(self.seed, "train", len(self.state.closed), task))
+        accuracy = {t: self.learner.evaluate(t, "val") for t in candidate}
+        current.seconds += time.perf_counter() - started
+        below = {t: a for t, a in accuracy.items() if a < self.required[t]}
+        if below:
+            self.learner.restore(before)
+            self.state.rejections.append({"task": task, "adapter": current.name, "below": below})
+            log.info("%s does not fit %s (below requirement: %s): rolled back", task, current.name, below)
+            self.close()
+            self.open_with(task)
+        else:
+            current.tasks, current.accuracy = candidate, accuracy
+            log.info("%s joins %s: %s", task, current.name, {t: round(a, 3) for t, a in accuracy.items()})
+
+    def open_with(self, task: str) -> None:
+        """A new adapter trained on ``task`` alone; closed at once if it misses its requirement."""
+        index = len(self.state.closed)
+        record = AdapterRecord(name=f"{self.out_dir.name}-{index}", tasks=[task])
+        started = time.perf_counter()
+        self.learner.start_adapter(derive_seed(self.seed, "adapter", index))
+        self.learner.train([task], task, derive_seed(self.seed, "train", index, task))
+        record.accuracy = {task: self.learner.evaluate(task, "val")}
+        record.seconds += time.perf_counter() - started
+        self.state.current = record
+        if record.accuracy[task] < self.required[task]:
+            log.warning(
+                "%s reaches %.3f alone, below its requirement %.3f: it keeps adapter %s to itself",
+                task,
+                record.accuracy[task],
+                self.required[task],
+                record.name,
+            )
+            self.close()
+
+    def close(self) -> None:
+        """Measure the open adapter's tasks on their test split once, save it, close it."""
+        record = self.state.current
+        started = time.perf_counter()
+        record.test_accuracy = {t: self.learner.evaluate(t, "test") for t in record.tasks}
+        record.seconds += time.perf_counter() - started
+        self.learner.save_adapter(self.out_dir / record.name, record.tasks)
+        self.state.closed.append(record)
+        self.state.current = None
 
 
 def build_manifest(
