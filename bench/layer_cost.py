@@ -123,8 +123,8 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
     items = backend.work_items
     inter = torch.empty(tokens, a.shape[1], device=dev, dtype=x.dtype)
     dev_name = ops._device_name(x)
-    scfg = tiling.shrink_config(dev_name, HIDDEN, 3 * RANK, tokens)
-    ecfg = tiling.expand_config(dev_name, sum(widths), 3, RANK, tokens)
+    scfg = tiling.choose(dev_name, "shrink", "triton", (HIDDEN, 3 * RANK, tokens))[1]
+    ecfg = tiling.choose(dev_name, "expand", "triton", (sum(widths), 3, RANK, tokens))[1]
 
     def launches() -> None:
         triton_kernels.launch_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts,

@@ -216,7 +216,7 @@ def lora_shrink_static(
     if _static_torch(x, impl):
         return static_items.shrink_torch(x, a_buffer, items, num_slices)
     m = x.shape[0]
-    cfg = _shrink_cfg(x, a_buffer.shape[2], a_buffer.shape[1], m)
+    cfg = _pick("shrink", x, (a_buffer.shape[2], a_buffer.shape[1], m), "triton")[1]
     return _launch_shrink(x, a_buffer, items, num_slices, items.max_rows(m), cfg, zero_fill)
 
 
@@ -236,7 +236,7 @@ def lora_expand_static(
     num_slices = len(slice_offsets) - 1
     m = output.shape[0]
     rank = b_buffer.shape[2]
-    cfg = _expand_cfg(output, slice_offsets[-1], num_slices, rank, m)
+    cfg = _pick("expand", output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
     triton_kernels.launch_expand(
         intermediate,
         b_buffer,
@@ -281,56 +281,21 @@ def _device_name(t: torch.Tensor) -> str:
     return tiling.device_name(index)
 
 
-def _shrink_cfg(x: torch.Tensor, k: int, n: int, m: int):
-    from sglang_vlora.atmm import tiling
-
-    return tiling.shrink_config(_device_name(x), k, n, m)
-
-
-def _expand_cfg(output: torch.Tensor, n: int, s: int, r: int, m: int):
-    from sglang_vlora.atmm import tiling
-
-    return tiling.expand_config(_device_name(output), n, s, r, m)
-
-
 def _items_max_rank(items: WorkItems) -> int:
     return max(items.ranks_host[slot] for slot in items.slots_host)
 
 
-def _pick_shrink(x: torch.Tensor, k: int, n: int, m: int, impl: str):
-    """``(implementation, tile config)`` of a shrink shape for ``impl`` (a kernel family
-    or "auto"); "auto" falls back to Triton where the CUDA extension cannot run."""
+def _pick(op: str, t: torch.Tensor, dims: tuple[int, ...], impl: str):
+    """``(implementation, tile config)`` of one ``op`` shape for ``impl`` (a kernel
+    family or "auto", :func:`tiling.choose`); "auto" runs Triton where the table's pick
+    is the CUDA extension and it cannot run here."""
     from sglang_vlora.atmm import tiling
 
-    dev = _device_name(x)
-    if impl == "cublas":
-        return "cublas", None
-    if impl == "cuda":
-        return "cuda", tiling.cuda_shrink_config(dev, k, n, m)
-    if impl == "auto":
-        which, cfg = tiling.shrink_choice(dev, k, n, m)
-        if which != "cuda":
-            return which, cfg
-        if x.dtype in CUDA_DTYPES and _cuda_available():
-            return "cuda", cfg
-    return "triton", tiling.shrink_config(dev, k, n, m)
-
-
-def _pick_expand(output: torch.Tensor, n: int, s: int, r: int, m: int, impl: str):
-    from sglang_vlora.atmm import tiling
-
-    dev = _device_name(output)
-    if impl == "cublas":
-        return "cublas", None
-    if impl == "cuda":
-        return "cuda", tiling.cuda_expand_config(dev, n, s, r, m)
-    if impl == "auto":
-        which, cfg = tiling.expand_choice(dev, n, s, r, m)
-        if which != "cuda":
-            return which, cfg
-        if output.dtype in CUDA_DTYPES and _cuda_available():
-            return "cuda", cfg
-    return "triton", tiling.expand_config(dev, n, s, r, m)
+    dev = _device_name(t)
+    which, cfg = tiling.choose(dev, op, impl, dims)
+    if which == "cuda" and impl == "auto" and not (t.dtype in CUDA_DTYPES and _cuda_available()):
+        return tiling.choose(dev, op, "triton", dims)
+    return which, cfg
 
 
 def _cuda_available() -> bool:
@@ -367,7 +332,7 @@ def _shrink_kernel(
 ) -> torch.Tensor:
     if items.num_items == 0:
         return torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    which, cfg = _pick_shrink(x, x.shape[1], num_slices * _items_max_rank(items), x.shape[0], impl)
+    which, cfg = _pick("shrink", x, (x.shape[1], num_slices * _items_max_rank(items), x.shape[0]), impl)
     return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill, which)
 
 
@@ -418,8 +383,8 @@ def _expand_kernel(
     if items.num_items == 0:
         return output
     num_slices = len(slice_offsets) - 1
-    key = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
-    which, cfg = _pick_expand(output, *key, impl)
+    dims = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
+    which, cfg = _pick("expand", output, dims, impl)
     if which == "cublas":
         cublas_ops.expand(inter, b_buffer, output, items, slice_offsets)
         return output

@@ -23,9 +23,9 @@ Three implementations. Every entry's ``config`` is the Triton kernel's best conf
 entry tuned with the CUDA C++ implementation too also has ``"cuda": {"config", "us"}``
 (a config of an instantiated CUDA tile, :data:`CUDA_SHRINK_TILES` /
 :data:`CUDA_EXPAND_TILES`), one tuned with cuBLAS ``"cublas": {"us"}`` (one GEMM per
-item, no config), and ``"impl"``, the fastest. :func:`shrink_choice` /
-:func:`expand_choice` return ``("cuda", cuda config)`` or ``("cublas", None)`` only
-where the entry says so; an entry without ``impl`` (older tables) means Triton.
+item, no config), and ``"impl"``, the fastest. :func:`choose` returns
+``("cuda", cuda config)`` or ``("cublas", None)`` for ``impl="auto"`` only where the
+entry says so; an entry without ``impl`` (older tables) means Triton.
 
 Tables are JSON files in ``tables/`` named after ``torch.cuda.get_device_name()``
 (``_`` for anything but letters and digits); ``SGLANG_VLORA_ATMM_TABLE_DIR`` adds a
@@ -275,76 +275,42 @@ def _lookup(device_name: str, op: str, key: dict[str, int]) -> dict | None:
     return nearest_entry(table.get(op, []), op, key) if table else None
 
 
-@functools.lru_cache(maxsize=65536)
-def shrink_config(device_name: str, k: int, n: int, m: int) -> ShrinkConfig:
-    """The Triton shrink config of the nearest tuned shape."""
-    entry = _lookup(device_name, "shrink", {"k": k, "n": n, "m": m})
-    return ShrinkConfig(**entry["config"]) if entry else default_shrink(k, n, m)
+IMPLS = ("triton", "cuda", "cublas")
+_FIELDS = {"shrink": ("k", "n", "m"), "expand": ("n", "s", "r", "m")}
 
 
 @functools.lru_cache(maxsize=65536)
-def expand_config(device_name: str, n: int, s: int, r: int, m: int) -> ExpandConfig:
-    """The Triton expand config of the nearest tuned shape."""
-    entry = _lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m})
-    return ExpandConfig(**entry["config"]) if entry else default_expand(n, s, r, m)
+def choose(device_name: str, op: str, impl: str, dims: tuple[int, ...]) -> tuple[str, ShrinkConfig | ExpandConfig | None]:
+    """``(implementation, config)`` of one ``op`` shape (``dims`` in the order of the
+    module docstring's shape keys) from the nearest tuned entry.
 
-
-def _cuda_entry(entry: dict | None) -> dict | None:
-    return entry.get("cuda") if entry else None
-
-
-@functools.lru_cache(maxsize=65536)
-def shrink_choice(device_name: str, k: int, n: int, m: int) -> tuple[str, ShrinkConfig | None]:
-    """``(impl, config)`` for ``impl="auto"``: ``("cublas", None)`` or ``("cuda",
-    config)`` where the nearest entry says that implementation won, else ``"triton"``
-    with :func:`shrink_config`."""
-    entry = _lookup(device_name, "shrink", {"k": k, "n": n, "m": m})
-    cuda = _cuda_entry(entry)
-    impl = entry.get("impl", "triton") if entry else "triton"
-    if impl == "cublas" and "cublas" in entry:
+    ``impl="auto"``: the entry's fastest implementation (``"cublas"`` with no config,
+    ``"cuda"`` with its CUDA config) where the entry records it, else Triton. A named
+    ``impl`` gets that implementation's config of the nearest entry, or its untuned
+    default when the entry has none."""
+    if impl not in ("auto", *IMPLS):
+        raise ValueError(f"unknown ATMM implementation {impl!r}")
+    key = dict(zip(_FIELDS[op], dims, strict=True))
+    entry = _lookup(device_name, op, key)
+    if impl == "auto":
+        impl = entry.get("impl", "triton") if entry else "triton"
+        if impl != "triton" and impl not in entry:
+            impl = "triton"
+    if impl == "cublas":
         return "cublas", None
-    if impl == "cuda" and cuda:
-        return "cuda", ShrinkConfig(**cuda["config"])
-    return "triton", shrink_config(device_name, k, n, m)
-
-
-@functools.lru_cache(maxsize=65536)
-def expand_choice(device_name: str, n: int, s: int, r: int, m: int) -> tuple[str, ExpandConfig | None]:
-    entry = _lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m})
-    cuda = _cuda_entry(entry)
-    impl = entry.get("impl", "triton") if entry else "triton"
-    if impl == "cublas" and "cublas" in entry:
-        return "cublas", None
-    if impl == "cuda" and cuda:
-        return "cuda", ExpandConfig(**cuda["config"])
-    return "triton", expand_config(device_name, n, s, r, m)
-
-
-@functools.lru_cache(maxsize=65536)
-def cuda_shrink_config(device_name: str, k: int, n: int, m: int) -> ShrinkConfig:
-    """The CUDA shrink config of the nearest entry tuned for CUDA, else the default."""
-    cuda = _cuda_entry(_lookup(device_name, "shrink", {"k": k, "n": n, "m": m}))
-    return ShrinkConfig(**cuda["config"]) if cuda else default_cuda_shrink(k, n, m)
-
-
-@functools.lru_cache(maxsize=65536)
-def cuda_expand_config(device_name: str, n: int, s: int, r: int, m: int) -> ExpandConfig:
-    cuda = _cuda_entry(_lookup(device_name, "expand", {"n": n, "s": s, "r": r, "m": m}))
-    return ExpandConfig(**cuda["config"]) if cuda else default_cuda_expand(n, s, r, m)
+    cls = ShrinkConfig if op == "shrink" else ExpandConfig
+    if impl == "cuda":
+        cuda = entry.get("cuda") if entry else None
+        default = default_cuda_shrink if op == "shrink" else default_cuda_expand
+        return "cuda", cls(**cuda["config"]) if cuda else default(*dims)
+    default = default_shrink if op == "shrink" else default_expand
+    return "triton", cls(**entry["config"]) if entry else default(*dims)
 
 
 def clear_caches() -> None:
     """Forget loaded tables and looked-up configs (after writing a table, in tests)."""
-    for fn in (
-        load_table,
-        shrink_config,
-        expand_config,
-        shrink_choice,
-        expand_choice,
-        cuda_shrink_config,
-        cuda_expand_config,
-    ):
-        fn.cache_clear()
+    load_table.cache_clear()
+    choose.cache_clear()
 
 
 # ---- the CUDA C++ implementation's tiles ---------------------------------------------

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_vlora.atmm.fast_launch import FastLauncher
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
@@ -314,8 +315,7 @@ def launch_shrink(
         counters = split_counters(out.device)
     else:
         partials = counters = out
-    kernel = _shrink_kernel.warmup if compile_only else _shrink_kernel[grid]
-    kernel(
+    args = (
         x,
         a_buffer,
         out,
@@ -339,18 +339,18 @@ def launch_shrink(
         partials.stride(1) if config.split_k > 1 else 0,
         num_slices,
         n_items,
-        CAP=_cap(n_items),
-        HAS_PERM=permutation is not None,
-        EVEN_K=k_dim % (config.split_k * config.block_k) == 0,
-        EVEN_N=n_max % config.block_n == 0,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        SPLIT_K=config.split_k,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        **({"grid": grid} if compile_only else {}),
     )
+    constexprs = {
+        "CAP": _cap(n_items),
+        "HAS_PERM": permutation is not None,
+        "EVEN_K": k_dim % (config.split_k * config.block_k) == 0,
+        "EVEN_N": n_max % config.block_n == 0,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+        "SPLIT_K": config.split_k,
+    }
+    _launch(_SHRINK, grid, args, constexprs, config, compile_only)
 
 
 def launch_expand(
@@ -390,9 +390,18 @@ def launch_expand(
     n_tiles = _cdiv(max_width, config.block_n)
     grid = (_row_tiles(row_bound, config.block_m, n_items) * num_slices * n_tiles,)
     check_layer = num_layers > 1
-    kernel = _expand_kernel.warmup if compile_only else _expand_kernel[grid]
+    constexprs = {
+        "CAP": _cap(n_items),
+        "NUM_SLICES": num_slices,
+        "HAS_PERM": permutation is not None,
+        "CHECK_LAYER": check_layer,
+        "ALIGNED": all(o % 16 == 0 for o in offs),
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+    }
     for layer in range(1 if compile_only else num_layers):
-        kernel(
+        args = (
             inter,
             b_buffer,
             output,
@@ -405,10 +414,7 @@ def launch_expand(
             ranks,
             seg_starts if permutation is None else permutation,
             layer,
-            offs[0],
-            offs[1],
-            offs[2],
-            offs[3],
+            *offs,
             n_tiles,
             inter.stride(0),
             inter.stride(1),
@@ -418,15 +424,19 @@ def launch_expand(
             output.stride(0),
             output.stride(1),
             n_items,
-            CAP=_cap(n_items),
-            NUM_SLICES=num_slices,
-            HAS_PERM=permutation is not None,
-            CHECK_LAYER=check_layer,
-            ALIGNED=all(o % 16 == 0 for o in offs),
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            **({"grid": grid} if compile_only else {}),
         )
+        _launch(_EXPAND, grid, args, constexprs, config, compile_only)
+
+
+_SHRINK = FastLauncher(_shrink_kernel)
+_EXPAND = FastLauncher(_expand_kernel)
+
+
+def _launch(launcher: FastLauncher, grid, args: tuple, constexprs: dict, config, compile_only: bool) -> None:
+    """Launch, or with ``compile_only`` compile without launching (Triton's ``warmup``)."""
+    if compile_only:
+        launcher.fn.warmup(
+            *args, **constexprs, num_warps=config.num_warps, num_stages=config.num_stages, grid=grid
+        )
+        return
+    launcher(grid, args, constexprs, config.num_warps, config.num_stages)

@@ -31,6 +31,7 @@ it without SGLang.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,30 +113,46 @@ def build_work_items(
         total += seg_len
     layers = assign_layers(starts, lens)
 
-    pinned = torch.device(device).type == "cuda"  # pinned host memory: the copy never stalls the host
-
-    def int_tensor(values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(values), dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
-
+    int_ranks = [int(r) for r in ranks]
+    fields = _to_device([starts, lens, item_slots, row_starts, layers, int_ranks], item_scales, device)
     return WorkItems(
-        seg_starts=int_tensor(starts),
-        seg_lens=int_tensor(lens),
-        slots=int_tensor(item_slots),
-        scales=torch.tensor(item_scales, dtype=torch.float32, pin_memory=pinned).to(device, non_blocking=True),
-        row_starts=int_tensor(row_starts),
-        ranks=int_tensor([int(r) for r in ranks]),
+        seg_starts=fields[0],
+        seg_lens=fields[1],
+        slots=fields[2],
+        scales=fields[6],
+        row_starts=fields[3],
+        ranks=fields[5],
         permutation=permutation,
         seg_starts_host=starts,
         seg_lens_host=lens,
         slots_host=item_slots,
         scales_host=item_scales,
-        ranks_host=[int(r) for r in ranks],
+        ranks_host=int_ranks,
         total_rows=total,
         max_seg_len=max(lens, default=0),
-        layers=int_tensor(layers),
+        layers=fields[4],
         layers_host=layers,
         num_layers=max(layers, default=0) + 1,
     )
+
+
+_ALIGN = 4  # int32 entries: every field starts 16-byte aligned
+
+
+def _to_device(int_fields: list[list[int]], floats: list[float], device: torch.device | str) -> list[torch.Tensor]:
+    """``int_fields`` as int32 and ``floats`` as float32 tensors on ``device``: views of one
+    buffer filled by one copy from pinned host memory (a batch's items are a dozen small
+    lists; a copy each cost more host time than the kernels they feed)."""
+    spans, values = [], []
+    for field in [*int_fields, struct.unpack(f"{len(floats)}i", struct.pack(f"{len(floats)}f", *floats))]:
+        spans.append((len(values), len(field)))
+        values.extend(field)
+        values.extend([0] * (-len(values) % _ALIGN))
+    pinned = torch.device(device).type == "cuda"  # the copy never stalls the host
+    packed = torch.tensor(values, dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
+    views = [packed[start : start + n] for start, n in spans]
+    views[-1] = views[-1].view(torch.float32)
+    return views
 
 
 def assign_layers(seg_starts: Sequence[int], seg_lens: Sequence[int]) -> list[int]:

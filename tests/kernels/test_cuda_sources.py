@@ -122,12 +122,12 @@ def test_auto_falls_back_to_triton_without_the_extension(monkeypatch: pytest.Mon
     cuda_cfg = tiling.ShrinkConfig(16, 32, 256, 4, 4, 3)
     triton_cfg = tiling.ShrinkConfig(16, 16, 64, 8)
     monkeypatch.setattr(ops, "_device_name", lambda t: "Fake GPU")
-    monkeypatch.setattr(tiling, "shrink_choice", lambda *key: ("cuda", cuda_cfg))
-    monkeypatch.setattr(tiling, "shrink_config", lambda *key: triton_cfg)
+    monkeypatch.setattr(tiling, "choose", lambda dev, op, impl, dims: ("cuda", cuda_cfg) if impl == "auto"
+                        else ("triton", triton_cfg))
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     monkeypatch.setattr(ops, "_cuda_available", lambda: False)
-    assert ops._pick_shrink(x, 64, 16, 4, "auto") == ("triton", triton_cfg)
+    assert ops._pick("shrink", x, (64, 16, 4), "auto") == ("triton", triton_cfg)
     monkeypatch.setattr(ops, "_cuda_available", lambda: True)
-    assert ops._pick_shrink(x, 64, 16, 4, "auto") == ("cuda", cuda_cfg)
-    assert ops._pick_shrink(x.float(), 64, 16, 4, "auto") == ("triton", triton_cfg)  # fp32: Triton only
-    assert ops._pick_shrink(x, 64, 16, 4, "triton") == ("triton", triton_cfg)
+    assert ops._pick("shrink", x, (64, 16, 4), "auto") == ("cuda", cuda_cfg)
+    assert ops._pick("shrink", x.float(), (64, 16, 4), "auto") == ("triton", triton_cfg)  # fp32: Triton only
+    assert ops._pick("shrink", x, (64, 16, 4), "triton") == ("triton", triton_cfg)

@@ -50,45 +50,41 @@ def table(tmp_path, monkeypatch):
         json.dumps({"device": name, "shrink": shrink, "expand": expand})
     )
     monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
-    tiling.load_table.cache_clear()
-    tiling.shrink_config.cache_clear()
-    tiling.expand_config.cache_clear()
+    tiling.clear_caches()
     yield name
-    tiling.load_table.cache_clear()
-    tiling.shrink_config.cache_clear()
-    tiling.expand_config.cache_clear()
+    tiling.clear_caches()
 
 
 def test_exact_and_nearest_lookup(table: str) -> None:
-    assert tiling.shrink_config(table, 4096, 64, 16) == ShrinkConfig(16, 16, 64, 8)
+    assert tiling.choose(table, "shrink", "triton", (4096, 64, 16))[1] == ShrinkConfig(16, 16, 64, 8)
     # tokens: smallest tuned >= asked, else the largest
-    assert tiling.shrink_config(table, 4096, 64, 17) == ShrinkConfig(64, 64, 64, 1)
-    assert tiling.shrink_config(table, 4096, 64, 9000) == ShrinkConfig(64, 64, 64, 1)
-    assert tiling.shrink_config(table, 4096, 64, 1) == ShrinkConfig(16, 16, 64, 8)
+    assert tiling.choose(table, "shrink", "triton", (4096, 64, 17))[1] == ShrinkConfig(64, 64, 64, 1)
+    assert tiling.choose(table, "shrink", "triton", (4096, 64, 9000))[1] == ShrinkConfig(64, 64, 64, 1)
+    assert tiling.choose(table, "shrink", "triton", (4096, 64, 1))[1] == ShrinkConfig(16, 16, 64, 8)
     # S*r: smallest tuned >= asked
-    assert tiling.shrink_config(table, 4096, 96, 16) == ShrinkConfig(32, 32, 128, 2)
+    assert tiling.choose(table, "shrink", "triton", (4096, 96, 16))[1] == ShrinkConfig(32, 32, 128, 2)
     # d_in: closest in log2 (3584 -> 4096, 18944 -> 11008)
-    assert tiling.shrink_config(table, 3584, 64, 16) == ShrinkConfig(16, 16, 64, 8)
-    assert tiling.shrink_config(table, 18944, 64, 16) == ShrinkConfig(16, 32, 256, 4)
+    assert tiling.choose(table, "shrink", "triton", (3584, 64, 16))[1] == ShrinkConfig(16, 16, 64, 8)
+    assert tiling.choose(table, "shrink", "triton", (18944, 64, 16))[1] == ShrinkConfig(16, 32, 256, 4)
     # expand: slice count exact when tuned, else nearest
-    assert tiling.expand_config(table, 4608, 3, 32, 8) == ExpandConfig(16, 128, 64)
-    assert tiling.expand_config(table, 4096, 1, 64, 600) == ExpandConfig(64, 128, 32)
-    assert tiling.expand_config(table, 22016, 2, 64, 16) == ExpandConfig(16, 128, 64)
+    assert tiling.choose(table, "expand", "triton", (4608, 3, 32, 8))[1] == ExpandConfig(16, 128, 64)
+    assert tiling.choose(table, "expand", "triton", (4096, 1, 64, 600))[1] == ExpandConfig(64, 128, 32)
+    assert tiling.choose(table, "expand", "triton", (22016, 2, 64, 16))[1] == ExpandConfig(16, 128, 64)
 
 
 def test_fallback_without_table() -> None:
     name = "No Such Device"
     assert tiling.load_table(name) is None
-    assert tiling.shrink_config(name, 4096, 64, 3) == tiling.default_shrink(4096, 64, 3)
-    assert tiling.expand_config(name, 4096, 1, 64, 3) == tiling.default_expand(4096, 1, 64, 3)
+    assert tiling.choose(name, "shrink", "triton", (4096, 64, 3))[1] == tiling.default_shrink(4096, 64, 3)
+    assert tiling.choose(name, "expand", "triton", (4096, 1, 64, 3))[1] == tiling.default_expand(4096, 1, 64, 3)
 
 
 def test_lookup_is_cheap(table: str) -> None:
-    tiling.shrink_config(table, 4096, 64, 40)
+    tiling.choose(table, "shrink", "triton", (4096, 64, 40))[1]
     n = 20000
     t0 = time.perf_counter()
     for _ in range(n):
-        tiling.shrink_config(table, 4096, 64, 40)
+        tiling.choose(table, "shrink", "triton", (4096, 64, 40))[1]
     per_call = (time.perf_counter() - t0) / n
     assert per_call < 2e-6, per_call
 
@@ -134,16 +130,16 @@ def test_impl_field_picks_cuda_and_old_entries_mean_triton(tmp_path, monkeypatch
     monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
     tiling.clear_caches()
     try:
-        assert tiling.shrink_choice(name, 4096, 64, 8) == ("cuda", cuda_s)
-        assert tiling.shrink_config(name, 4096, 64, 8) == ShrinkConfig(16, 16, 64, 8)  # Triton's, kept
-        assert tiling.shrink_choice(name, 4096, 64, 1024) == ("triton", ShrinkConfig(64, 64, 64, 1))
-        assert tiling.shrink_choice(name, 4096, 128, 16) == ("triton", ShrinkConfig(32, 32, 128, 2))
-        assert tiling.expand_choice(name, 4096, 1, 64, 1) == ("cuda", cuda_e)
-        assert tiling.expand_choice(name, 4096, 1, 64, 600)[0] == "triton"
+        assert tiling.choose(name, "shrink", "auto", (4096, 64, 8)) == ("cuda", cuda_s)
+        assert tiling.choose(name, "shrink", "triton", (4096, 64, 8))[1] == ShrinkConfig(16, 16, 64, 8)  # Triton's, kept
+        assert tiling.choose(name, "shrink", "auto", (4096, 64, 1024)) == ("triton", ShrinkConfig(64, 64, 64, 1))
+        assert tiling.choose(name, "shrink", "auto", (4096, 128, 16)) == ("triton", ShrinkConfig(32, 32, 128, 2))
+        assert tiling.choose(name, "expand", "auto", (4096, 1, 64, 1)) == ("cuda", cuda_e)
+        assert tiling.choose(name, "expand", "auto", (4096, 1, 64, 600))[0] == "triton"
         # forced CUDA: the entry's CUDA config where tuned, else the CUDA default
-        assert tiling.cuda_shrink_config(name, 4096, 64, 16) == cuda_s
-        assert tiling.cuda_shrink_config(name, 4096, 128, 16) == tiling.default_cuda_shrink(4096, 128, 16)
-        assert tiling.cuda_expand_config(name, 4096, 1, 64, 600) == tiling.default_cuda_expand(
+        assert tiling.choose(name, "shrink", "cuda", (4096, 64, 16))[1] == cuda_s
+        assert tiling.choose(name, "shrink", "cuda", (4096, 128, 16))[1] == tiling.default_cuda_shrink(4096, 128, 16)
+        assert tiling.choose(name, "expand", "cuda", (4096, 1, 64, 600))[1] == tiling.default_cuda_expand(
             4096, 1, 64, 600
         )
     finally:
@@ -174,8 +170,8 @@ def test_impl_field_picks_cublas(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
     tiling.clear_caches()
     try:
-        assert tiling.shrink_choice(name, 3584, 64, 1024) == ("cublas", None)
-        assert tiling.expand_choice(name, 4608, 3, 64, 1024) == ("triton", ExpandConfig(64, 128, 32))
+        assert tiling.choose(name, "shrink", "auto", (3584, 64, 1024)) == ("cublas", None)
+        assert tiling.choose(name, "expand", "auto", (4608, 3, 64, 1024)) == ("triton", ExpandConfig(64, 128, 32))
     finally:
         tiling.clear_caches()
 

@@ -1,0 +1,60 @@
+"""FastLauncher's argument checks and cache key (the GPU path is in tests/gpu)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sglang_vlora.atmm.fast_launch import FastLauncher, _arg_key
+
+
+@triton.jit
+def _copy(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def _constexpr_first(BLOCK: tl.constexpr, dst_ptr):
+    tl.store(dst_ptr + tl.arange(0, BLOCK), tl.zeros((BLOCK,), tl.float32))
+
+
+def test_constexprs_must_come_last() -> None:
+    assert FastLauncher(_copy).constexpr_names == ("BLOCK",)
+    with pytest.raises(ValueError, match="constexpr parameters must come last"):
+        FastLauncher(_constexpr_first)
+
+
+def test_arguments_are_checked() -> None:
+    launch = FastLauncher(_copy)
+    src = torch.arange(8, dtype=torch.float32)
+    with pytest.raises(TypeError, match="takes 3 runtime arguments"):
+        launch((1,), (src, src), {"BLOCK": 8}, 4, 2)
+    with pytest.raises(TypeError, match="BLOCK"):
+        launch((1,), (src, src, 8), {"SIZE": 8}, 4, 2)
+
+
+def test_key_is_at_least_tritons_specialisation() -> None:
+    # integers: 1, multiples of 16 and the integer type are told apart, as Triton does
+    assert len({_arg_key(v) for v in (1, 2, 16, 32, 2**31, 2**63)}) == 5
+    assert _arg_key(16) == _arg_key(32) and _arg_key(3) == _arg_key(5)
+    t = torch.zeros(8, dtype=torch.float32)
+    assert _arg_key(t) != _arg_key(t[1:])  # a 4-byte offset breaks 16-byte alignment
+    assert _arg_key(t) != _arg_key(t.half())
+    with pytest.raises(TypeError):
+        _arg_key("text")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter")
+def test_launch_runs_the_kernel() -> None:
+    """Under the interpreter every launch takes Triton's path and nothing is kept; the
+    result is the kernel's either way."""
+    launch = FastLauncher(_copy)
+    src = torch.arange(10, dtype=torch.float32)
+    dst = torch.zeros(10)
+    launch((2,), (src, dst, 10), {"BLOCK": 8}, 4, 2)
+    assert torch.equal(dst, src)
