@@ -42,6 +42,12 @@ def test_the_example_fuses_distinct_datasets(tiny_model: Path, tmp_path: Path) -
     assert len(set(sources)) == len(sources), "two tasks of the example draw from the same dataset"
     examples = {tuple((e.image.tobytes(), e.target) for e in task.train) for task in tasks.values()}
     assert len(examples) == len(tasks), "two tasks of the example have the same examples"
+    images = {name: {e.image.tobytes() for e in t.train + t.val + t.test} for name, t in tasks.items()}
+    for name, task in tasks.items():
+        for other, other_task in tasks.items():
+            if name < other and images[name] & images[other]:
+                # the same pictures only under another question (digit-class and digit-parity)
+                assert task.prompt != other_task.prompt and set(task.labels) != set(other_task.labels), (name, other)
 
     path = tmp_path / "tasks.yaml"
     path.write_text(yaml.safe_dump(spec))
