@@ -4,7 +4,7 @@
     python bench/fusion.py        # examples/fusion/tasks.yaml on .cache/tiny/model, one torch thread
 
 The record holds the fusion manifest (every task's adapter, val and test accuracy, the
-rollbacks, the time), the command, the setup and :func:`bench.report.provenance` (git revision,
+rollbacks, the time), the command, the setup and :func:`bench.provenance.record` (git revision,
 versions, machine); ``python bench/report.py`` writes the README's and docs/trainer.md's figures
 from it. Run it from a clean checkout of the commit under test (``git worktree add``), so the
 recorded revision is the code that ran. The adapters go to a temporary folder unless ``--out``
@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import RESULTS, provenance  # noqa: E402
+from bench import provenance  # noqa: E402
+from bench.report import RESULTS  # noqa: E402
 from sglang_vlora.trainer import cli  # noqa: E402
 from sglang_vlora.trainer.spec import load_spec  # noqa: E402
 
@@ -42,7 +43,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    record = {"provenance": provenance()}
+    record = {"provenance": provenance.record()}
     spec = load_spec(REPO / args.spec)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp) / "digits"

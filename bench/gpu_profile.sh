@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -f .sgc/device_env.sh ] && source .sgc/device_env.sh  # else: sourced by the caller
 # A copy of the tree inside another checkout: git must not report the enclosing repository's
-# revision (bench/e2e/provenance.py then reads the stamp carried with the copy).
+# revision (bench/provenance.py then reads the stamp carried with the copy).
 export GIT_CEILING_DIRECTORIES=${GIT_CEILING_DIRECTORIES:-$(dirname "$PWD")}
 export PYTHONPATH=$PWD:$PYTHONPATH TRITON_INTERPRET=0
 OUT=${OUT:-/tmp/gpu_profile_out}

@@ -42,6 +42,7 @@ os.environ.setdefault("SGLANG_USE_CUSTOM_TRITON_KERNEL_CACHE", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import provenance
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.tune import graph_replay_us
@@ -339,6 +340,7 @@ def main() -> None:
         "sglang": sglang_version,
         "python": platform.python_version(),
         "command": " ".join(["python", "bench/kernels.py", *sys.argv[1:]]),
+        "provenance": provenance.record(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

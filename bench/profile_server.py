@@ -42,8 +42,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import e2e_assets  # noqa: E402
-from bench.e2e import provenance  # noqa: E402
+from bench import e2e_assets, provenance  # noqa: E402
 
 RANK = 64
 N_ADAPTERS = 4
@@ -302,12 +301,7 @@ def main() -> None:
     results["device"] = results["environment"]["device"]
     results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     results["command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
-    code = results["environment"]["code"]
-    results["provenance"] = {  # bench/report.py's layout
-        "git": {"commit": code.get("revision"), "clean": code.get("dirty") is False, "from": code.get("source")},
-        "versions": results["environment"]["versions"], "machine": {"device": results["device"]},
-        "date": results["date"],
-    }
+    results["provenance"] = provenance.record(results["environment"], results["date"])
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
 

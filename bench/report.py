@@ -33,26 +33,21 @@ test, so nothing here needs an edit::
 then put ``<!-- figures:e2e-headline -->`` / ``<!-- /figures:e2e-headline -->`` where the
 figures go and run ``python bench/report.py``.
 
-A benchmark that writes a results file should record :func:`provenance` in it (key
-``"provenance"``): the git revision, whether the working tree was clean, the versions of the
-packages that ran and the machine. Run benchmarks from a clean checkout (``git worktree add``
-of the commit under test) so the revision describes the code that produced the numbers; on a
-machine that gets a copy of the tree without ``.git``, set ``SGLANG_VLORA_GIT_COMMIT`` and
-``SGLANG_VLORA_GIT_CLEAN`` from the repository (see :func:`git_revision`).
+A benchmark that writes a results file records :func:`bench.provenance.record` in it (key
+``"provenance"``): the git revision, whether the code was clean, the versions of the packages
+that ran, the machine and the date. Run benchmarks from a clean checkout of the commit under
+test so that the revision describes the code that produced the numbers; a machine that gets a
+copy of the tree without ``.git`` reads the revision from the stamp carried with it
+(``python bench/run_e2e.py stamp``, see :mod:`bench.provenance`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib
-import importlib.metadata
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -100,60 +95,11 @@ def load_renderers(bench_dir: Path = REPO / "bench") -> None:
         importlib.import_module(f"bench.{path.stem}")
 
 
-# ---------------------------------------------------------------- provenance
-
-
-GIT_ENV = ("SGLANG_VLORA_GIT_COMMIT", "SGLANG_VLORA_GIT_CLEAN")
-
-
-def _git(*args: str, cwd: Path = REPO) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def git_revision(repo: Path = REPO) -> dict[str, Any]:
-    """The checked-out commit and whether the tracked files are unchanged. A copy of the tree
-    without ``.git`` (a benchmark machine) takes both from ``SGLANG_VLORA_GIT_COMMIT`` and
-    ``SGLANG_VLORA_GIT_CLEAN`` (``1`` or ``0``), computed where the repository is; without
-    them the revision is recorded as unknown."""
-    try:
-        return {
-            "commit": _git("rev-parse", "HEAD", cwd=repo),
-            "clean": _git("status", "--porcelain", "--untracked-files=no", cwd=repo) == "",
-        }
-    except (OSError, subprocess.CalledProcessError):
-        commit, clean = (os.environ.get(name) for name in GIT_ENV)
-        return {"commit": commit, "clean": clean == "1" if commit else False, "from": "environment"}
-
-
-def provenance(repo: Path = REPO) -> dict[str, Any]:
-    """What a results file records about its run: git revision and cleanliness of the tracked
-    files, package versions, machine, date (UTC)."""
-    versions = {"python": platform.python_version()}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "device": "cpu"}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            machine["device"] = torch.cuda.get_device_name(0)
-            machine["gpu_count"] = torch.cuda.device_count()
-    except ImportError:
-        pass
-    return {
-        "git": git_revision(repo),
-        "versions": versions,
-        "machine": machine,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+# ---------------------------------------------------------------- sources
 
 
 def describe_source(name: str, data: dict[str, Any]) -> str:
-    """One line naming a results file and what it records of its run. Files written before
-    :func:`provenance` existed keep their own fields; a missing revision is said to be missing."""
+    """One line naming a results file and what it records of its run (its ``provenance``)."""
     prov = data.get("provenance")
     if prov:
         commit = prov["git"]["commit"]

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.e2e import plan, provenance, report, runner  # noqa: E402
+from bench import provenance  # noqa: E402
+from bench.e2e import plan, report, runner  # noqa: E402
 
 DEFAULT_BUDGET_S = {"gpu": 520.0, "cpu": 1200.0}
 DEFAULT_REPORT = REPO / "bench" / "results" / "e2e_h200"

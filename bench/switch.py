@@ -51,6 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import provenance
 from sglang_vlora.modes.fold_kernel import FoldConfig, fold
 from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, slice_kinds
 
@@ -373,6 +374,7 @@ def main() -> None:
         "copy_floor_ms": floors,
         "weights_gib": weights_gib,
         "fold_sweep_ms": sweeps,
+        "provenance": provenance.record(),
     }
     out = args.out or (
         Path(tempfile.mkdtemp(prefix="switch-smoke-")) if args.smoke else Path(__file__).parent / "results"

@@ -20,8 +20,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.e2e import plan
-from bench.e2e.provenance import revision_label
+from bench.provenance import revision_label
 
 SCHEMAS = ("sglang-vlora/e2e/v2",)
 MERGED_SCHEMA = "sglang-vlora/e2e-merged/v1"
@@ -259,23 +260,14 @@ def put_headline(text: str, block_text: str) -> str:
 
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
     """One results file for the docs: every run (without the raw ``/vlora/status``
-    snapshots), the files they came from, and ``provenance`` in :mod:`bench.report`'s layout
-    (clean only if every run's code was clean; ``commit`` the newest run's revision, all of
-    them under ``revisions``)."""
-    newest = max(runs, key=lambda r: r["date"])
-    states = [r.get("code", {}) for r in runs]
-    revisions = sorted({s.get("revision") or "unknown" for s in states})
-    clean = all(s.get("dirty") is False and s.get("revision") for s in states)
-    versions = {k: v for k, v in newest["versions"].items() if not k.endswith("_source")}
+    snapshots), the files they came from, and their ``provenance``
+    (:func:`bench.provenance.combined`)."""
     slim = [{**{k: v for k, v in r.items() if k != "_file"},
              "measurements": [{k: v for k, v in m.items() if k != "vlora_status"} for m in r["measurements"]]}
             for r in runs]
     return {
         "schema": MERGED_SCHEMA,
-        "provenance": {"git": {"commit": newest.get("code", {}).get("revision") or "unknown", "clean": clean},
-                       "revisions": revisions, "versions": versions,
-                       "machine": {"device": newest["device"], "platform": newest.get("platform")},
-                       "date": newest["date"]},
+        "provenance": provenance.combined([provenance.record(r, r["date"]) for r in runs]),
         "sources": list(sources),
         "runs": slim,
     }

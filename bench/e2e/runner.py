@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import measure, plan, provenance, servers
+from bench import provenance
+from bench.e2e import measure, plan, servers
 from bench.e2e.plan import Call, Measurement, Point
 from bench.e2e.sglang_client import Worker
 from bench.workloads import Request

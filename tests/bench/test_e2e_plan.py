@@ -1,16 +1,15 @@
-"""The end-to-end benchmark's pure parts: plan, status reading, provenance, aggregation.
+"""The end-to-end benchmark's pure parts: plan, status reading, aggregation.
 No server; milliseconds."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from bench import figures_e2e
 from bench import report as bench_report
-from bench.e2e import plan, provenance, report, servers
+from bench.e2e import plan, report, servers
 
 
 def test_gpu_points_meet_the_size_rule_and_issue_workloads():
@@ -79,38 +78,6 @@ def test_status_delta_reads_fields_it_does_not_know():
     assert flat["iterations"] == {"unmerge": 2} and flat["switches"] == 0
 
 
-def test_package_version_reads_the_version_module_not_its_fallback(tmp_path, monkeypatch):
-    pkg = tmp_path / "fakesgl"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "version.py").write_text("try:\n    from ._version import __version__\nexcept ImportError:\n"
-                                    "    __version__ = '0.0.0.dev0'\n")
-    (pkg / "_version.py").write_text("__version__ = version = '0.5.23'\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert provenance.package_version("fakesgl") == {"version": "0.5.23", "source": "fakesgl/_version.py"}
-    (pkg / "_version.py").unlink()
-    assert provenance.package_version("fakesgl")["version"] is None  # the fallback after except is not a version
-    assert provenance.package_version("no_such_pkg_here")["version"] is None
-    assert sys.modules.get("fakesgl") is None  # read, never imported
-
-
-def test_code_state_from_a_stamp_when_there_is_no_git(tmp_path, monkeypatch):
-    state = provenance.git_state()
-    assert state is not None and len(state["revision"]) == 40 and state["files"]
-    stamp = tmp_path / "stamp.json"
-    monkeypatch.setattr(provenance, "STAMP", stamp)
-    monkeypatch.setattr(provenance, "_git", lambda *args: None)  # a tree copied without .git
-    unknown = provenance.code_state()
-    assert unknown["revision"] is None and "unknown" in unknown["warning"]
-    assert provenance.revision_label(unknown) == "unknown revision"
-    stamp.write_text(json.dumps({**state, "dirty": False}))
-    assert provenance.code_state()["dirty"] is False
-    stamp.write_text(json.dumps({**state, "dirty": False, "code_hash": "0" * 16}))  # code changed since
-    changed = provenance.code_state()
-    assert changed["dirty"] is True and "differs" in changed["warning"]
-    assert provenance.revision_label(changed).endswith("DIRTY")
-
-
 def _measurement(system, point, repeat, mean, p99=None, status="ok"):
     metrics = {"e2e_ms": {"mean": mean, "p50": mean, "p95": mean, "p99": p99 or 2 * mean},
                "ttft_ms": {"mean": mean / 10, "p50": None, "p95": None, "p99": None},
@@ -120,7 +87,7 @@ def _measurement(system, point, repeat, mean, p99=None, status="ok"):
 
 def _run(run_id, measurements, scale="gpu"):
     return {"schema": report.SCHEMAS[0], "run_id": run_id, "call": {"name": run_id, "scale": scale},
-            "date": "2026-11-23T06:00:00+00:00", "device": "NVIDIA H200",
+            "date": "2026-11-23T06:00:00+00:00", "device": "NVIDIA H200", "platform": "Linux", "cpu_count": 16,
             "versions": {"sglang": "0.5.23", "torch": "2.11", "triton": "3.6"},
             "code": {"revision": "a" * 40, "dirty": False},
             "points": {"sgl-mixed": {"label": "1024 in / 64 out"}}, "systems": {}, "caveats": ["c"],
@@ -164,7 +131,7 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
                          _measurement("csgmv", "sgl-mixed", 0, 1200)])]
     runs[0]["code"]["dirty"] = True
     combined = report.merged(runs, ["bench/results/e2e/one.json"])
-    assert combined["provenance"]["git"] == {"commit": "a" * 40, "clean": False}
+    assert combined["provenance"]["git"] == {"commit": "a" * 40, "clean": False, "from": None}
     assert combined["runs"][0]["measurements"] == runs[0]["measurements"] and "_file" not in combined["runs"][0]
     text = "intro\n<!-- e2e-headline:begin -->\nno results yet\n<!-- e2e-headline:end -->\nafter\n"
     first = report.put_headline(text, figures_e2e.block_text(combined))

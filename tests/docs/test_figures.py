@@ -15,7 +15,7 @@ from bench import report
 
 report.load_renderers()
 
-# Results files written before the runs recorded report.provenance(): what each lacks. The
+# Results files written before the runs recorded bench.provenance.record(): what each lacks. The
 # test below checks the gap is still there, so a re-run that records provenance must remove
 # its entry (and is then held to the rule for new files).
 LEGACY = {
@@ -61,7 +61,7 @@ def test_results_files_record_a_clean_revision_and_the_versions() -> None:
         if path.name in LEGACY:
             assert prov is None, f"{path.name} records provenance now: remove it from LEGACY"
             continue
-        assert prov, f"{path.name} records no provenance (bench.report.provenance())"
+        assert prov, f"{path.name} records no provenance (bench.provenance.record())"
         assert prov["git"]["clean"] and len(prov["git"]["commit"]) == 40, path.name
         assert {"python", "torch"} <= set(prov["versions"]), path.name
         assert not prov["versions"].get("sglang", "").startswith("0.0.0"), f"{path.name}: not a released SGLang"
@@ -96,19 +96,6 @@ def test_each_block_names_its_source(name: str) -> None:
     text = report.render(name)
     for results in report.BLOCKS[name].results:
         assert f"From `bench/results/{results}`" in text
-
-
-def test_provenance_outside_a_repository_takes_the_revision_from_the_environment(tmp_path: Path, monkeypatch) -> None:
-    for name in report.GIT_ENV:
-        monkeypatch.delenv(name, raising=False)
-    assert report.git_revision(tmp_path) == {"commit": None, "clean": False, "from": "environment"}
-    monkeypatch.setenv("SGLANG_VLORA_GIT_COMMIT", "a" * 40)
-    monkeypatch.setenv("SGLANG_VLORA_GIT_CLEAN", "1")
-    assert report.git_revision(tmp_path) == {"commit": "a" * 40, "clean": True, "from": "environment"}
-    prov = report.provenance(tmp_path)
-    assert prov["versions"]["torch"] and prov["machine"]["cpu_count"] >= 1
-    line = report.describe_source("x.json", {"provenance": prov})
-    assert "git revision aaaaaaaaaa." in line
 
 
 def test_a_marker_quoted_in_a_sentence_is_not_a_block(tmp_path: Path) -> None:

@@ -1,19 +1,25 @@
-"""Where a result comes from: the code's git revision (clean or not), the real versions of
-what ran, the device.
+"""Where a result comes from, for every benchmark: the code's git revision (clean or not), the
+real versions of what ran, the machine, the date.
+
+A benchmark records :func:`record` in its results file under ``"provenance"`` (the layout
+``bench/report.py`` prints under each figures block and ``tests/docs/test_figures.py``
+checks); the end-to-end runs also keep :func:`environment` whole.
 
 The benchmark GPU machine gets a copy of the working tree, possibly without ``.git``, and a
 trimmed SGLang without ``dist-info`` (``importlib.metadata`` knows nothing of it). So:
 
 * versions are read from each package's own version module (``sglang/_version.py``, written
   by its build), without importing the package;
-* the revision comes from git where there is a repository; else from a *stamp* written
-  beside the checkout before the tree is sent (``bench/run_e2e.py stamp``), which records
-  the revision, whether the code was clean, and a hash of the code files; the machine that
-  runs re-hashes the same files and reports ``dirty`` when they differ from the stamp.
+* the revision comes from git where this checkout is a repository of its own (never from a
+  repository that encloses a copy of the tree); else from a *stamp* written beside the
+  checkout before the tree is sent (``python bench/run_e2e.py stamp``), which records the
+  revision, whether the code was clean, and a hash of the code files; the machine that runs
+  re-hashes the same files and reports ``dirty`` when they differ from the stamp.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -24,10 +30,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 STAMP = REPO / ".cache" / "bench" / "git_stamp.json"
 # The code a benchmark result depends on (results files and docs are not part of it).
 CODE_PATHS = ("sglang_vlora", "cuda", "bench", "pyproject.toml")
@@ -56,10 +63,14 @@ def package_version(module: str, dist: str | None = None) -> dict[str, str | Non
     return {"version": None, "source": f"no version in {root.name}/"}
 
 
+PACKAGES = (("torch", None), ("triton", None), ("sglang", None), ("transformers", None), ("peft", None),
+            ("numpy", None), ("sglang_vlora", "sglang-vlora"))
+
+
 def versions() -> dict[str, Any]:
+    """Python's version and each of :data:`PACKAGES`' with where it was read (``<name>_source``)."""
     out: dict[str, Any] = {"python": platform.python_version()}
-    for module, dist in (("torch", None), ("triton", None), ("sglang", None), ("transformers", None),
-                         ("sglang_vlora", "sglang-vlora")):
+    for module, dist in PACKAGES:
         info = package_version(module, dist)
         out[module] = info["version"]
         out[f"{module}_source"] = info["source"]
@@ -96,8 +107,11 @@ def _git(*args: str) -> str | None:
 
 
 def git_state() -> dict[str, Any] | None:
-    """Revision and cleanliness from git (None without a repository). Dirty means a
-    modified or untracked, not ignored, code file (:data:`CODE_PATHS`)."""
+    """Revision and cleanliness from git (None without a repository whose top is this
+    checkout). Dirty means a modified or untracked, not ignored, code file (:data:`CODE_PATHS`)."""
+    top = (_git("rev-parse", "--show-toplevel") or "").strip()
+    if not top or Path(top).resolve() != REPO.resolve():
+        return None  # no repository, or one that encloses a copy of the tree: not this code's
     rev = (_git("rev-parse", "HEAD") or "").strip()
     if not rev:
         return None
@@ -186,6 +200,8 @@ def _torch_gpu_info() -> dict[str, Any] | None:
 
 
 def environment(gpu: dict[str, Any] | None) -> dict[str, Any]:
+    """The machine, the versions, the code's state and the SGLang variables that change
+    performance (``gpu``: :func:`gpu_info`)."""
     keys = ("SGLANG_FORCE_FUSED_OP_BACKEND", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK",
             "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "CUDA_VISIBLE_DEVICES")
     cpu = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
@@ -199,3 +215,33 @@ def environment(gpu: dict[str, Any] | None) -> dict[str, Any]:
         "code": {k: v for k, v in code_state().items() if k != "files"},
         "environment": {k: os.environ[k] for k in keys if k in os.environ},
     }
+
+
+def now() -> str:
+    """The date and time (UTC) as results files record it."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def record(env: dict[str, Any] | None = None, date: str | None = None) -> dict[str, Any]:
+    """The ``"provenance"`` entry of a results file: ``git`` (``commit``, ``clean``: the code
+    files were unchanged from that commit, ``from``: git or the stamp), ``versions``,
+    ``machine`` and ``date``. ``env`` is an :func:`environment` taken already (or a results
+    dict that holds one's keys), ``date`` when the run was; by default both are taken now."""
+    env = env if env is not None else environment(gpu_info())
+    code = env["code"]
+    return {
+        "git": {"commit": code.get("revision"), "clean": bool(code.get("revision")) and code.get("dirty") is False,
+                "from": code.get("source")},
+        "versions": {k: v for k, v in env["versions"].items() if not k.endswith("_source")},
+        "machine": {"device": env["device"], "platform": env["platform"], "cpu_count": env["cpu_count"]},
+        "date": date or now(),
+    }
+
+
+def combined(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One :func:`record` for results merged from several runs: the newest run's, clean only if
+    every run's code was, with every run's revision under ``revisions``."""
+    newest = max(records, key=lambda r: r["date"])
+    clean = all(r["git"]["clean"] for r in records)
+    return {**newest, "git": {**newest["git"], "clean": clean},
+            "revisions": sorted({r["git"]["commit"] or "unknown" for r in records})}
