@@ -21,6 +21,7 @@ import torch
 from sglang_vlora.atmm import ops, split_k
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import build_work_items
+from tests.kernels.lora_reference import launch_apply, ref_delta, rel_err
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -42,11 +43,6 @@ def delta_fp64(x, a, b, offsets, starts, lens, slots, scales, perm=None):
     return ref_delta(x, a, b, offsets, RANKS, starts, lens, slots, scales, perm)
 
 
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    assert torch.isfinite(got).all()
-    return ((got.double().cpu() - ref).norm() / ref.norm()).item()
-
-
 @pytest.mark.parametrize(
     "offsets", [[0, 4096], [0, 4096, 4608, 5120], [0, 11008, 22016]], ids=["o", "qkv", "gate_up"]
 )
@@ -65,10 +61,10 @@ def test_bf16_mixed_ranks(offsets: list[int], n_tokens: int) -> None:
     base = torch.randn(n_tokens, offsets[-1], generator=gen).cuda().bfloat16()
     out = ops.lora_apply(x, a, b, items, offsets, base.clone())
     ref = delta_fp64(x, a, b, offsets, starts, lens, slots, scales, perm)
-    assert rel(out.float() - base.float(), ref) < BF16_TOL
+    assert rel_err(out.float() - base.float(), ref) < BF16_TOL
     inter = ops.lora_shrink(x, a, items, len(offsets) - 1)
     out2 = ops.lora_expand(inter, b, items, offsets, base.clone())
-    assert rel(out2.float() - base.float(), ref) < BF16_TOL
+    assert rel_err(out2.float() - base.float(), ref) < BF16_TOL
 
 
 def test_graph_replay_with_other_items() -> None:
@@ -124,7 +120,7 @@ def test_graph_replay_with_other_items() -> None:
             if not starts:
                 assert torch.equal(result.cpu(), base)
             else:
-                assert rel(result.float().cpu() - base.float(), ref) < BF16_TOL, (starts, lens)
+                assert rel_err(result.float().cpu() - base.float(), ref) < BF16_TOL, (starts, lens)
 
 
 # ---- the CUDA C++ implementation (sglang_vlora.atmm.cuda_ext) ---------------------------
@@ -138,60 +134,12 @@ def cuda_mod():
     return cuda_ext.load()
 
 
-def ref_delta(x, a, b, offsets, ranks, starts, lens, slots, scales, perm=None):
-    """fp64 LoRA delta for any rank table (``delta_fp64``: the module's RANKS)."""
-    x, a, b = x.double().cpu(), a.double().cpu(), b.double().cpu()
-    out = torch.zeros(x.shape[0], offsets[-1], dtype=torch.float64)
-    for start, n, slot, scale in zip(starts, lens, slots, scales, strict=True):
-        r = ranks[slot]
-        if n == 0 or r == 0:
-            continue
-        pos = torch.arange(start, start + n)
-        rows = pos if perm is None else perm.cpu()[pos]
-        for s in range(len(offsets) - 1):
-            lo, hi = offsets[s], offsets[s + 1]
-            out[rows, lo:hi] += scale * (x[rows] @ a[slot, s * r : (s + 1) * r].T) @ b[slot, lo:hi, :r].T
-    return out
-
-
 def run_cuda(x, a, b, items, offsets, out, scfg, ecfg):
-    """Shrink into a NaN-poisoned intermediate, then expand into ``out``: the columns
-    past each item's S*r (never written by shrink) must never be read by expand."""
+    """:func:`launch_apply` through the CUDA extension, its grids the items' exact row tiles."""
     from sglang_vlora.atmm import cuda_ext
 
-    inter = torch.full((items.total_rows, a.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
-    cuda_ext.launch_shrink(
-        x,
-        a,
-        inter,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.row_starts,
-        items.ranks,
-        items.permutation,
-        len(offsets) - 1,
-        cuda_ext.exact_row_tiles(items.seg_lens_host, scfg.block_m),
-        scfg,
-    )
-    cuda_ext.launch_expand(
-        inter,
-        b,
-        out,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.scales,
-        items.row_starts,
-        items.layers,
-        items.num_layers,
-        items.ranks,
-        items.permutation,
-        offsets,
-        cuda_ext.exact_row_tiles(items.seg_lens_host, ecfg.block_m),
-        ecfg,
-    )
-    return inter, out
+    rows = tuple(cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m) for cfg in (scfg, ecfg))
+    return launch_apply(cuda_ext, x, a, b, items, offsets, out, (scfg, ecfg), rows)
 
 
 def check_shrink_rows(inter, x, a, items, num_slices, tol):
@@ -204,7 +152,7 @@ def check_shrink_rows(inter, x, a, items, num_slices, tol):
         pos = torch.arange(start, start + n)
         rows = pos if items.permutation is None else items.permutation.cpu()[pos]
         ref = x.double().cpu()[rows] @ a.double().cpu()[slot, :width].T
-        assert rel(inter[row : row + n, :width], ref) < tol, i
+        assert rel_err(inter[row : row + n, :width], ref) < tol, i
         row += n
 
 
@@ -235,13 +183,13 @@ def test_cuda_impl_matches_fp64(cuda_mod, offsets: list[int], n_tokens: int, dty
     ref = ref_delta(x, a, b, offsets, RANKS, starts, lens, slots, scales, perm)
     base = torch.randn(n_tokens, offsets[-1], generator=gen).cuda().to(dtype)
     out = ops.lora_apply(x, a, b, items, offsets, base.clone(), impl="cuda")
-    assert rel(out.float() - base.float(), ref) < BF16_TOL
+    assert rel_err(out.float() - base.float(), ref) < BF16_TOL
     inter = ops.lora_shrink(x, a, items, len(offsets) - 1, impl="cuda")
     out2 = ops.lora_expand(inter, b, items, offsets, base.clone(), impl="cuda")
-    assert rel(out2.float() - base.float(), ref) < BF16_TOL
+    assert rel_err(out2.float() - base.float(), ref) < BF16_TOL
     # the table's choice per shape (CUDA or Triton, mixed across shrink / expand) agrees too
     out3 = ops.lora_apply(x, a, b, items, offsets, base.clone())
-    assert rel(out3.float() - base.float(), ref) < BF16_TOL
+    assert rel_err(out3.float() - base.float(), ref) < BF16_TOL
 
 
 def _all_tile_configs():
@@ -281,12 +229,12 @@ def test_every_cuda_tile(cuda_mod) -> None:
         ecfg = expand_cfgs[i % len(expand_cfgs)]
         inter, out = run_cuda(x, a, b, items, offsets, base.clone(), scfg, ecfg)
         check_shrink_rows(inter, x, a, items, 3, BF16_TOL)
-        assert rel(out.float() - base.float(), ref) < BF16_TOL, (scfg, ecfg)
+        assert rel_err(out.float() - base.float(), ref) < BF16_TOL, (scfg, ecfg)
         assert torch.equal(out[untouched.cuda()], base[untouched.cuda()])
         assert not split_k.split_counters(x.device).any()  # re-armed for the next launch
     for ecfg in expand_cfgs:
         _, out = run_cuda(x, a, b, items, offsets, base.clone(), shrink_cfgs[0], ecfg)
-        assert rel(out.float() - base.float(), ref) < BF16_TOL, ecfg
+        assert rel_err(out.float() - base.float(), ref) < BF16_TOL, ecfg
 
 
 def test_cuda_unaligned_and_odd_shapes(cuda_mod) -> None:
@@ -307,7 +255,7 @@ def test_cuda_unaligned_and_odd_shapes(cuda_mod) -> None:
     for scfg, ecfg in zip(*(cfgs[::3] for cfgs in _all_tile_configs()), strict=False):
         inter, out = run_cuda(x, a, b, items, offsets, base.clone(), scfg, ecfg)
         check_shrink_rows(inter, x, a, items, 3, BF16_TOL)
-        assert rel(out.float() - base.float(), ref) < BF16_TOL, (scfg, ecfg)
+        assert rel_err(out.float() - base.float(), ref) < BF16_TOL, (scfg, ecfg)
 
 
 def test_cuda_under_graph_capture(cuda_mod) -> None:
@@ -330,4 +278,4 @@ def test_cuda_under_graph_capture(cuda_mod) -> None:
         out.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        assert rel(out.float(), ref) < BF16_TOL
+        assert rel_err(out.float(), ref) < BF16_TOL

@@ -14,6 +14,7 @@ from sglang_vlora.atmm import ops, split_k, triton_kernels
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items
+from tests.kernels.lora_reference import launch_apply, ref_delta, rel_err
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3}
 D_IN = 48
@@ -40,62 +41,14 @@ def make_pool(num_slices: int, dtype: torch.dtype, gen: torch.Generator):
 
 
 def fp64_delta(x, a, b, offsets, seg_starts, seg_lens, slots, scales, perm=None):
-    """Independent computation: per item, per slice, in float64 on the token rows."""
-    delta = torch.zeros(x.shape[0], offsets[-1], dtype=torch.float64)
-    for start, length, slot, scale in zip(seg_starts, seg_lens, slots, scales, strict=True):
-        rank = RANKS[slot]
-        if length == 0 or rank == 0:
-            continue
-        pos = torch.arange(start, start + length)
-        rows = pos if perm is None else perm[pos]
-        xs = x[rows].double()
-        for s in range(len(offsets) - 1):
-            lo, hi = offsets[s], offsets[s + 1]
-            t = xs @ a[slot, s * rank : (s + 1) * rank].double().T
-            delta[rows, lo:hi] += scale * (t @ b[slot, lo:hi, :rank].double().T)
-    return delta
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert torch.isfinite(out).all()
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    """The fp64 reference over this module's :data:`RANKS`."""
+    return ref_delta(x, a, b, offsets, RANKS, seg_starts, seg_lens, slots, scales, perm)
 
 
 def kernel_apply(x, a, b, items: WorkItems, offsets, out, scfg, ecfg):
     """The CUDA path of ops.lora_apply with explicit tile configs."""
-    inter = torch.full((items.total_rows, a.shape[1]), float("nan"), dtype=x.dtype)
-    triton_kernels.launch_shrink(
-        x,
-        a,
-        inter,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.row_starts,
-        items.ranks,
-        items.permutation,
-        len(offsets) - 1,
-        items.total_rows,
-        scfg,
-    )
-    triton_kernels.launch_expand(
-        inter,
-        b,
-        out,
-        items.seg_starts,
-        items.seg_lens,
-        items.slots,
-        items.scales,
-        items.row_starts,
-        items.layers,
-        items.num_layers,
-        items.ranks,
-        items.permutation,
-        offsets,
-        min(items.total_rows, out.shape[0]),
-        ecfg,
-    )
-    return out
+    rows = (items.total_rows, min(items.total_rows, out.shape[0]))
+    return launch_apply(triton_kernels, x, a, b, items, offsets, out, (scfg, ecfg), rows)[1]
 
 
 CASES = {
