@@ -55,16 +55,18 @@ class FastLauncher:
             raise ValueError(f"{fn.__name__}: constexpr parameters must come last")
         self._compiled: dict[tuple, Any] = {}
 
-    def __call__(
-        self, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any], num_warps: int, num_stages: int
-    ) -> None:
+    def check(self, args: tuple, constexprs: dict[str, Any]) -> None:
         if len(args) != self.num_runtime or tuple(constexprs) != self.constexpr_names:
             raise TypeError(
                 f"{self.fn.__name__} takes {self.num_runtime} runtime arguments then {self.constexpr_names}"
             )
+
+    def __call__(
+        self, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any], num_warps: int, num_stages: int
+    ) -> None:
+        self.check(args, constexprs)
         values = tuple(constexprs.values())
-        device = args[0].get_device()
-        key = (device, num_warps, num_stages, values, *map(_arg_key, args))
+        key = (args[0].get_device(), num_warps, num_stages, values, *map(_arg_key, args))
         compiled = self._compiled.get(key)
         if compiled is not None:
             compiled[(*grid, 1, 1)[:3]](*args, *values)
@@ -76,3 +78,43 @@ class FastLauncher:
     def compiled_count(self) -> int:
         """How many specialisations launch without Triton's binder (for tests)."""
         return len(self._compiled)
+
+
+class PreparedLaunch:
+    """One launch of a :class:`FastLauncher` kernel whose arguments after the first
+    ``lead`` ones are fixed: a batch's LoRA launches for the layers of one module shape
+    differ only in their activations, weights and outputs. ``prepared(*lead)`` launches
+    with new leading tensors (same shapes and strides as the ones it was prepared with;
+    the caller's plan key makes sure) and keys only those."""
+
+    def __init__(
+        self,
+        launcher: FastLauncher,
+        grid: tuple[int, ...],
+        args: tuple,
+        constexprs: dict[str, Any],
+        num_warps: int,
+        num_stages: int,
+        lead: int,
+    ):
+        launcher.check(args, constexprs)
+        self.launcher, self.grid, self.lead = launcher, grid, lead
+        self.constexprs, self.num_warps, self.num_stages = constexprs, num_warps, num_stages
+        self.tail = args[lead:]
+        values = tuple(constexprs.values())
+        self._head = (args[0].get_device(), num_warps, num_stages, values)
+        self._tail_key = tuple(map(_arg_key, self.tail))
+        self._rest = (*self.tail, *values)
+        self._runners: dict[tuple, Any] = {}
+
+    def __call__(self, *lead: torch.Tensor) -> None:
+        lead_key = tuple(map(_arg_key, lead))
+        runner = self._runners.get(lead_key)
+        if runner is not None:
+            runner(*lead, *self._rest)
+            return
+        launcher = self.launcher
+        launcher(self.grid, (*lead, *self.tail), self.constexprs, self.num_warps, self.num_stages)
+        compiled = launcher._compiled.get((*self._head, *lead_key, *self._tail_key))
+        if compiled is not None:
+            self._runners[lead_key] = compiled[(*self.grid, 1, 1)[:3]]

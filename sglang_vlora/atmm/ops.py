@@ -322,6 +322,16 @@ def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compil
         compile_one(cfg)
 
 
+def _plan(items: WorkItems, key: tuple, build: Callable[[], Callable]) -> Callable:
+    """The batch's plan for ``key`` (an op and its operands' shapes), built at its first
+    call: the layers of one module shape all run the same implementation, configs and
+    launch arguments, so only the first layer chooses them."""
+    plan = items.plans.get(key)
+    if plan is None:
+        plan = items.plans[key] = build()
+    return plan
+
+
 def _shrink_kernel(
     x: torch.Tensor,
     a_buffer: torch.Tensor,
@@ -332,8 +342,32 @@ def _shrink_kernel(
 ) -> torch.Tensor:
     if items.num_items == 0:
         return torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    key = ("shrink", impl, num_slices, zero_fill, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride())
+    return _plan(items, key, lambda: _shrink_plan(x, a_buffer, items, num_slices, zero_fill, impl))(x, a_buffer)
+
+
+def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool, impl: str) -> Callable:
+    """``plan(x, a_buffer) -> intermediate`` for this shape and batch."""
+    from sglang_vlora.atmm import triton_kernels
+
     which, cfg = _pick("shrink", x, (x.shape[1], num_slices * _items_max_rank(items), x.shape[0]), impl)
-    return _launch_shrink(x, a_buffer, items, num_slices, items.total_rows, cfg, zero_fill, which)
+    rows, width = items.total_rows, a_buffer.shape[1]
+    if which != "triton":
+        return lambda x, a: _launch_shrink(x, a, items, num_slices, rows, cfg, zero_fill, which)
+    alloc = torch.zeros if zero_fill else torch.empty
+    inter = alloc((rows, width), dtype=x.dtype, device=x.device)
+    args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
+            items.permutation, num_slices, rows)
+    key = {"k": x.shape[1], "n": num_slices * _items_max_rank(items)}
+    _compile_table_configs("shrink", key, x, lambda c: triton_kernels.launch_shrink(*args, c, compile_only=True))
+    prepared = triton_kernels.prepare_shrink(*args, cfg)
+
+    def run(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        inter = alloc((rows, width), dtype=x.dtype, device=x.device)
+        prepared(x, a, inter)
+        return inter
+
+    return run
 
 
 def _launch_shrink(
@@ -363,11 +397,6 @@ def _launch_shrink(
     else:
         from sglang_vlora.atmm import triton_kernels
 
-        if isinstance(items, WorkItems):
-            key = {"k": x.shape[1], "n": num_slices * _items_max_rank(items)}
-            _compile_table_configs(
-                "shrink", key, x, lambda c: triton_kernels.launch_shrink(*args, rows, c, compile_only=True)
-            )
         triton_kernels.launch_shrink(*args, rows, cfg)
     return inter
 
@@ -382,25 +411,36 @@ def _expand_kernel(
 ) -> torch.Tensor:
     if items.num_items == 0:
         return output
+    offsets = tuple(slice_offsets)
+    key = ("expand", impl, offsets, inter.shape, inter.stride(), b_buffer.shape, b_buffer.stride(), output.dtype,
+           output.shape, output.stride())
+    _plan(items, key, lambda: _expand_plan(inter, b_buffer, items, offsets, output, impl))(inter, b_buffer, output)
+    return output
+
+
+def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ...], output, impl: str) -> Callable:
+    """``plan(inter, b_buffer, output)`` for this shape and batch."""
+    from sglang_vlora.atmm import cuda_ext, triton_kernels
+
     num_slices = len(slice_offsets) - 1
     dims = (slice_offsets[-1], num_slices, _items_max_rank(items), output.shape[0])
     which, cfg = _pick("expand", output, dims, impl)
     if which == "cublas":
-        cublas_ops.expand(inter, b_buffer, output, items, slice_offsets)
-        return output
+        return lambda inter, b, out: cublas_ops.expand(inter, b, out, items, list(slice_offsets))
     args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
             items.layers, items.num_layers, items.ranks, items.permutation, slice_offsets)
     if which == "cuda":
-        from sglang_vlora.atmm import cuda_ext
+        row_tiles = cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m)
+        return lambda inter, b, out: cuda_ext.launch_expand(inter, b, out, *args[3:], row_tiles, cfg)
+    rows = min(items.total_rows, output.shape[0])
+    key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
+    _compile_table_configs(
+        "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)
+    )
+    prepared = triton_kernels.prepare_expand(*args, rows, cfg)
 
-        cuda_ext.launch_expand(*args, cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m), cfg)
-    else:
-        from sglang_vlora.atmm import triton_kernels
+    def run(inter: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        for launch in prepared:
+            launch(inter, b, out)
 
-        rows = min(items.total_rows, output.shape[0])
-        key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
-        _compile_table_configs(
-            "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)
-        )
-        triton_kernels.launch_expand(*args, rows, cfg)
-    return output
+    return run

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_vlora.atmm.fast_launch import FastLauncher
+from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
@@ -298,9 +298,40 @@ def launch_shrink(
     (entries with length 0 do nothing). ``compile_only``: compile the kernel these
     arguments select, launch nothing.
     """
+    call = _shrink_call(x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices,
+                        row_bound, config, compile_only)
+    if call is not None:
+        _launch(_SHRINK, *call, config, compile_only)
+
+
+def prepare_shrink(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    out: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_lens: torch.Tensor,
+    slots: torch.Tensor,
+    row_starts: torch.Tensor,
+    ranks: torch.Tensor,
+    permutation: torch.Tensor | None,
+    num_slices: int,
+    row_bound: int,
+    config: ShrinkConfig,
+) -> PreparedLaunch | None:
+    """:func:`launch_shrink` with these arguments, prepared: ``prepared(x, a_buffer, out)``
+    launches it for other tensors of the same shapes and strides (None: nothing to run)."""
+    call = _shrink_call(x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices,
+                        row_bound, config, False)
+    return None if call is None else PreparedLaunch(_SHRINK, *call, config.num_warps, config.num_stages, lead=3)
+
+
+def _shrink_call(
+    x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices, row_bound, config,
+    compile_only,
+):
     n_items = seg_lens.numel()
     if n_items == 0 or row_bound == 0:
-        return
+        return None
     n_max = a_buffer.shape[1]
     if out.dim() != 2 or out.shape[1] != n_max or out.stride(1) != 1:
         raise ValueError(f"shrink output must be [rows, {n_max}] with contiguous rows")
@@ -350,7 +381,7 @@ def launch_shrink(
         "BLOCK_K": config.block_k,
         "SPLIT_K": config.split_k,
     }
-    _launch(_SHRINK, grid, args, constexprs, config, compile_only)
+    return grid, args, constexprs
 
 
 def launch_expand(
@@ -379,12 +410,46 @@ def launch_expand(
     concurrently. ``row_bound`` bounds the rows of one layer (at most the tokens).
     ``compile_only``: compile the kernel these arguments select, launch nothing.
     """
+    calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config)
+    for call in calls[:1] if compile_only else calls:
+        _launch(_EXPAND, *call, config, compile_only)
+
+
+def prepare_expand(
+    inter: torch.Tensor,
+    b_buffer: torch.Tensor,
+    output: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_lens: torch.Tensor,
+    slots: torch.Tensor,
+    scales: torch.Tensor,
+    row_starts: torch.Tensor,
+    layers: torch.Tensor | None,
+    num_layers: int,
+    ranks: torch.Tensor,
+    permutation: torch.Tensor | None,
+    slice_offsets: list[int] | tuple[int, ...],
+    row_bound: int,
+    config: ExpandConfig,
+) -> list[PreparedLaunch]:
+    """:func:`launch_expand` with these arguments, prepared: one launch per overlap layer,
+    each called as ``prepared(inter, b_buffer, output)``."""
+    calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config)
+    return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=3) for call in calls]
+
+
+def _expand_calls(
+    inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers, num_layers, ranks, permutation,
+    slice_offsets, row_bound, config,
+) -> list[tuple]:
     n_items = seg_lens.numel()
     num_slices = len(slice_offsets) - 1
     if not 1 <= num_slices <= 3:
         raise ValueError(f"1 to 3 slices are supported, got {num_slices}")
     if n_items == 0 or row_bound == 0:
-        return
+        return []
     offs = [int(o) for o in slice_offsets] + [int(slice_offsets[-1])] * (4 - len(slice_offsets))
     max_width = max(offs[i + 1] - offs[i] for i in range(num_slices))
     n_tiles = _cdiv(max_width, config.block_n)
@@ -400,7 +465,8 @@ def launch_expand(
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
     }
-    for layer in range(1 if compile_only else num_layers):
+    calls = []
+    for layer in range(num_layers):
         args = (
             inter,
             b_buffer,
@@ -425,7 +491,8 @@ def launch_expand(
             output.stride(1),
             n_items,
         )
-        _launch(_EXPAND, grid, args, constexprs, config, compile_only)
+        calls.append((grid, args, constexprs))
+    return calls
 
 
 _SHRINK = FastLauncher(_shrink_kernel)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,8 @@ class WorkItems:
     layers: torch.Tensor | None = None  # int32 [n_items]; None means one layer
     layers_host: list[int] | None = None
     num_layers: int = 1
+    # Per-batch launch plans of the ops (sglang_vlora.atmm.ops._plan), keyed by op and shapes.
+    plans: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_items(self) -> int:
@@ -144,9 +146,9 @@ def _to_device(int_fields: list[list[int]], floats: list[float], device: torch.d
     buffer filled by one copy from pinned host memory (a batch's items are a dozen small
     lists; a copy each cost more host time than the kernels they feed)."""
     spans, values = [], []
-    for field in [*int_fields, struct.unpack(f"{len(floats)}i", struct.pack(f"{len(floats)}f", *floats))]:
-        spans.append((len(values), len(field)))
-        values.extend(field)
+    for values_of_field in [*int_fields, struct.unpack(f"{len(floats)}i", struct.pack(f"{len(floats)}f", *floats))]:
+        spans.append((len(values), len(values_of_field)))
+        values.extend(values_of_field)
         values.extend([0] * (-len(values) % _ALIGN))
     pinned = torch.device(device).type == "cuda"  # the copy never stalls the host
     packed = torch.tensor(values, dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
