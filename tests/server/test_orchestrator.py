@@ -52,21 +52,29 @@ def run_workload(server, reference, adapters: list[str | None]) -> dict[str, int
     HF + peft, return the iterations each mode ran."""
     texts = [chat_text(f"Describe scene number {i}.", with_image=False) for i in range(len(adapters))]
     before = status(server)["orchestrator"]["iterations"]
+    generate_and_check(server, reference, texts, adapters, max_new_tokens=8)
+    after = status(server)["orchestrator"]["iterations"]
+    return {mode: after[mode] - before[mode] for mode in after}
+
+
+def generate_and_check(server, reference, texts: list[str], adapters: list[str | None], max_new_tokens: int) -> list:
+    """One batched greedy ``/generate`` of ``texts`` (they queue together); every output is
+    checked against HF + peft. Returns the response bodies."""
     response = httpx.post(
         server.url + "/generate",
         json={
             "text": texts,
             "lora_path": adapters,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
             "return_logprob": True,
         },
         timeout=600,
     )
     response.raise_for_status()
-    after = status(server)["orchestrator"]["iterations"]
-    for text, adapter, body in zip(texts, adapters, response.json(), strict=True):
+    bodies = response.json()
+    for text, adapter, body in zip(texts, adapters, bodies, strict=True):
         assert_matches_reference(reference, parse_generation(body), text, None, adapter)
-    return {mode: after[mode] - before[mode] for mode in after}
+    return bodies
 
 
 def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
@@ -94,21 +102,8 @@ def test_chunked_long_prompts_and_shared_prefixes_match_hf(orchestrated, referen
     shared = " ".join(f"frame{i} shows a red car and a blue truck." for i in range(12))
     texts = [chat_text(f"{shared} Question {i}: how many vehicles?", with_image=False) for i in range(8)]
     adapters = ["a8", "a8", "a8", "a8", "a8", "b16", None, "c32"]
-    response = httpx.post(
-        orchestrated.url + "/generate",
-        json={
-            "text": texts,
-            "lora_path": adapters,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True,
-        },
-        timeout=600,
-    )
-    response.raise_for_status()
-    bodies = response.json()
+    bodies = generate_and_check(orchestrated, reference, texts, adapters, max_new_tokens=6)
     assert max(b["meta_info"]["prompt_tokens"] for b in bodies) > 128
-    for text, adapter, body in zip(texts, adapters, bodies, strict=True):
-        assert_matches_reference(reference, parse_generation(body), text, None, adapter)
 
 
 def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
