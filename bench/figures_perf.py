@@ -73,3 +73,35 @@ def perf_e2e_lora_cost(merged: dict[str, Any]) -> str:
         ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
         lines.append(f"| {label} | {' | '.join(cells)} | {ratio} |")
     return "\n".join(lines) + "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats)."
+
+
+def _adds_ms(profile: dict[str, Any], system: str, scenarios: tuple[str, ...]) -> list[float]:
+    """Milliseconds of GPU busy time ``system`` adds over the no-LoRA server, per scenario."""
+    systems = profile["systems"]
+    return [(systems[system][s]["busy_us_per_step"] - systems["nolora"][s]["busy_us_per_step"]) / 1e3 for s in scenarios]
+
+
+def _ms_span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+
+
+@block("server-lora-time", "profile_h200.json", "host_cost_h200.json")
+def server_lora_time(profile: dict[str, Any], host: dict[str, Any]) -> str:
+    """README: what ATMM adds inside the server (GPU per decode step and per prefill, against
+    csgmv) and what one LoRA module call costs on the host."""
+    decode = tuple(s for s in ("decode8", "decode32") if s in profile["systems"]["nolora"])
+    prompt = profile["scenarios"]["prefill1"]["prompt"]
+    atmm_decode, csgmv_decode = _adds_ms(profile, "atmm", decode), _adds_ms(profile, "csgmv", decode)
+    atmm_prefill, csgmv_prefill = _adds_ms(profile, "atmm", ("prefill1",)), _adds_ms(profile, "csgmv", ("prefill1",))
+    launches = {profile["systems"]["atmm"][s]["kernels_per_step_by_category"]["lora"] for s in decode}
+    us = host["host_us"]
+    return (
+        f"ATMM adds {_ms_span(atmm_decode)} ms of GPU busy time per decode step of "
+        f"{' and '.join(str(profile['scenarios'][s]['requests']) for s in decode)} requests "
+        f"(csgmv {_ms_span(csgmv_decode)} ms) and {_ms_span(atmm_prefill)} ms per {prompt}-token prefill (csgmv "
+        f"{_ms_span(csgmv_prefill)} ms), in {'/'.join(f'{n:.0f}' for n in sorted(launches))} LoRA kernel launches "
+        f"a decode step. On the host, one LoRA module call (qkv of Qwen2-VL-7B, rank 64, {us['tokens']} tokens) "
+        f"takes {us['qkv_module_call_us']:.0f} us, {us['two_triton_launches_us']:.0f} of them in its two Triton "
+        f"launches."
+    )

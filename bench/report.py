@@ -8,7 +8,7 @@ and never by hand:
 
     <!-- figures:switch-table -->
     | layout | rank | ... |
-    <sub>From `bench/results/switch_h100.json`: device, date, versions, git revision.</sub>
+    <sub>From `bench/results/switch_h200.json`: device, date, versions, git revision.</sub>
     <!-- /figures:switch-table -->
 
 Each block name is registered with the results file(s) it reads and a function that returns
@@ -25,7 +25,7 @@ test, so nothing here needs an edit::
 
     from bench.report import block
 
-    @block("e2e-headline", "e2e_gpu_headline.json")
+    @block("e2e-headline", "e2e_h200.json")
     def e2e_headline(run: dict) -> str:
         # one argument per results file named, the parsed JSON; return markdown
         return "| point | ours | ... |\\n|---|---|...|"
@@ -98,9 +98,24 @@ def load_renderers(bench_dir: Path = REPO / "bench") -> None:
 # ---------------------------------------------------------------- sources
 
 
+def recorded_provenance(data: dict[str, Any]) -> dict[str, Any] | None:
+    """What a results file records of its run in :func:`bench.provenance.record`'s layout: its
+    ``provenance``, or for one end-to-end run (which keeps its whole environment) the record
+    built from that; None for a file that records neither."""
+    # Imported here: run as a script, this file has the repository on its path only in main.
+    from bench import provenance
+
+    if "provenance" in data:
+        return data["provenance"]
+    if "run_id" in data and "code" in data:
+        return provenance.record(data, data["date"])
+    return None
+
+
 def describe_source(name: str, data: dict[str, Any]) -> str:
-    """One line naming a results file and what it records of its run (its ``provenance``)."""
-    prov = data.get("provenance")
+    """One line naming a results file and what it records of its run. A file that records no
+    provenance shows its own device, date and version fields and says the revision is missing."""
+    prov = recorded_provenance(data)
     if prov:
         commit = prov["git"]["commit"]
         git = (commit[:10] if commit else "unknown") + ("" if prov["git"]["clean"] else " (uncommitted changes)")
@@ -171,8 +186,18 @@ def update(files: Iterable[Path], results_dir: Path = RESULTS, write: bool = Tru
 
 
 def cited_results(text: str) -> set[str]:
-    """Results files a doc names as ``bench/results/<file>`` (a plain file name, no pattern)."""
-    return set(re.findall(r"bench/results/([\w.-]+\.(?:json|md|png))(?![\w{|*])", text))
+    """Results files a doc names as ``bench/results/<path>`` (a plain path, no pattern), relative
+    to bench/results/."""
+    return set(re.findall(r"bench/results/((?:[\w.-]+/)*[\w.-]+\.(?:json|md|png))(?![\w{|*])", text))
+
+
+def quoted_results(texts: Iterable[str]) -> set[str]:
+    """The results files that docs quote: those their figures blocks read and those they name."""
+    quoted: set[str] = set()
+    for text in texts:
+        quoted |= cited_results(text)
+        quoted |= {f for name in set(ANY_MARKER.findall(text)) if name in BLOCKS for f in BLOCKS[name].results}
+    return quoted
 
 
 # ---------------------------------------------------------------- kernels (bench/kernels.py)
@@ -245,7 +270,7 @@ def _kernel_groups(rows: list[dict]) -> list[tuple[str, str, list[dict]]]:
     return groups
 
 
-@block("kernels-summary", "kernels_proj.json", "kernels_slices.json")
+@block("kernels-summary", "kernels_proj_h200.json", "kernels_slices_h200.json")
 def kernels_summary(proj: dict, slices: dict) -> str:
     """README: extra time over the base GEMM at rank 64, ranges over 1 and 4 adapters."""
     rows = _kernel_rows(proj, slices)
@@ -388,7 +413,7 @@ def _ops(row: dict) -> str:
     return f"{row['merge_ms']:.2f} / {row['switch_ms']:.2f} / {row['unmerge_ms']:.2f}"
 
 
-@block("switch-table", "switch_h100.json")
+@block("switch-table", "switch_h200.json")
 def switch_table(run: dict) -> str:
     """README and docs/modes.md: ms per merge / switch / unmerge, ours vs the in-place baselines."""
     lines = [

@@ -15,15 +15,13 @@ from bench import report
 
 report.load_renderers()
 
-# Results files written before the runs recorded bench.provenance.record(): what each lacks. The
-# test below checks the gap is still there, so a re-run that records provenance must remove
-# its entry (and is then held to the rule for new files).
-LEGACY = {
-    "kernels_proj.json": "no git revision",
-    "kernels_slices.json": "no git revision",
-    "switch_h100.json": "no git revision",
-    "e2e_gpu.json": "revision of an older, modified tree; sglang 0.0.0.dev0",
-    "e2e_gpu_headline.json": "revision of an older, modified tree; sglang 0.0.0.dev0",
+# Results files in bench/results/ that record no git revision but that a doc still quotes: what
+# each lacks and the only docs that may quote it. The tests below check the gap is still there,
+# so a re-run that records provenance must remove its entry. Files that predate provenance and
+# that no doc quotes live in bench/results/legacy/.
+UNRECORDED = {
+    "kernels_proj.json": ("no git revision", {"docs/atmm.md"}),
+    "kernels_slices.json": ("no git revision", {"docs/atmm.md"}),
 }
 
 
@@ -54,17 +52,50 @@ def test_no_hand_written_figures_in_tables_outside_blocks(doc: str) -> None:
     assert not rows, f"{doc}: figures outside a figures block: {rows}"
 
 
-def test_results_files_record_a_clean_revision_and_the_versions() -> None:
-    for path in sorted(report.RESULTS.glob("*.json")):
-        data = json.loads(path.read_text())
-        prov = data.get("provenance")
-        if path.name in LEGACY:
-            assert prov is None, f"{path.name} records provenance now: remove it from LEGACY"
+def _results_files() -> list[str]:
+    """Every JSON results file under bench/results/ (relative to it) but the legacy ones."""
+    paths = (p.relative_to(report.RESULTS) for p in report.RESULTS.rglob("*.json"))
+    return sorted(str(p) for p in paths if p.parts[0] != "legacy")
+
+
+def test_results_files_record_a_clean_revision_and_the_released_versions() -> None:
+    for name in _results_files():
+        prov = report.recorded_provenance(json.loads((report.RESULTS / name).read_text()))
+        if name in UNRECORDED:
+            assert prov is None, f"{name} records provenance now: remove it from UNRECORDED"
             continue
-        assert prov, f"{path.name} records no provenance (bench.provenance.record())"
-        assert prov["git"]["clean"] and len(prov["git"]["commit"]) == 40, path.name
-        assert {"python", "torch"} <= set(prov["versions"]), path.name
-        assert not prov["versions"].get("sglang", "").startswith("0.0.0"), f"{path.name}: not a released SGLang"
+        assert prov, f"{name} records no provenance (bench.provenance.record())"
+        assert prov["git"]["clean"] and len(prov["git"]["commit"] or "") == 40, name
+        assert {"python", "torch"} <= set(prov["versions"]), name
+        assert not (prov["versions"].get("sglang") or "").startswith("0.0.0"), f"{name}: not a released SGLang"
+
+
+def test_docs_quote_only_results_files_with_provenance() -> None:
+    quoted = {}
+    for path in report.doc_files():
+        for name in report.quoted_results([path.read_text()]):
+            quoted.setdefault(name, set()).add(str(path.relative_to(report.REPO)))
+    assert "fusion_cpu.json" in quoted  # the README's and docs/trainer.md's blocks read it
+    for name, docs in sorted(quoted.items()):
+        assert not name.startswith("legacy/"), f"{sorted(docs)} quote {name}, which predates provenance"
+        if name.endswith(".json"):
+            assert name in _results_files(), f"{sorted(docs)} quote {name}, not a results file in bench/results/"
+        if name in UNRECORDED:
+            lacks, allowed = UNRECORDED[name]
+            assert docs <= allowed, f"{sorted(docs - allowed)} quote {name}, which records {lacks}"
+
+
+def test_the_legacy_files_say_what_they_lack() -> None:
+    legacy = report.RESULTS / "legacy"
+    readme = (legacy / "README.md").read_text()
+    for path in legacy.glob("*.json"):
+        assert report.recorded_provenance(json.loads(path.read_text())) is None, path.name
+        assert f"`{path.stem}.*`" in readme, f"legacy/README.md does not name {path.stem}.*"
+
+
+def test_cited_results_reads_paths_in_subfolders_not_patterns() -> None:
+    text = "`bench/results/e2e/run_1.json`, bench/results/a.png, `bench/results/e2e/*.json`, bench/results/x_{y}.json"
+    assert report.cited_results(text) == {"e2e/run_1.json", "a.png"}
 
 
 def test_a_stale_or_unknown_block_is_reported_and_rewritten(tmp_path: Path) -> None:
@@ -76,12 +107,12 @@ def test_a_stale_or_unknown_block_is_reported_and_rewritten(tmp_path: Path) -> N
     assert report.update([doc], results) == []
     assert report.update([doc], results, write=False) == []
     text = doc.read_text()
-    assert "old numbers" not in text and "`bench/results/switch_h100.json`" in text and text.endswith("end\n")
+    assert "old numbers" not in text and "`bench/results/switch_h200.json`" in text and text.endswith("end\n")
     # the figures follow the file: a changed measurement changes the doc
-    run = json.loads((results / "switch_h100.json").read_text())
+    run = json.loads((results / "switch_h200.json").read_text())
     row = next(r for r in run["rows"] if (r["layout"], r["rank"], r["method"]) == ("qkvo", 64, "exact_fold"))
     row["switch_ms"] = 7.654
-    (results / "switch_h100.json").write_text(json.dumps(run))
+    (results / "switch_h200.json").write_text(json.dumps(run))
     assert report.update([doc], results, write=False)
     report.update([doc], results)
     assert "7.65" in doc.read_text() and "missed" in doc.read_text()
