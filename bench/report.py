@@ -17,7 +17,9 @@ as the file records them). The same block may appear in several files. Each kind
 file has one renderer module holding its blocks (kernels, mode switches and fusion are here),
 so after a benchmark rewrites its file, re-running this script is all that updates the docs.
 ``tests/docs/test_figures.py`` fails when a block differs from what its file gives, when a
-marker names no registered block, or when the docs cite a results file that does not exist.
+marker names no registered block, when the docs quote a results file that does not exist or
+that predates provenance (``bench/results/legacy/``), and when a results file records no clean
+revision and released versions.
 
 Plugging in a renderer for another kind (for example the end-to-end results): create
 ``bench/figures_<kind>.py``; every ``bench/figures_*.py`` is imported by this script and by the
