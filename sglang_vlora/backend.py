@@ -23,7 +23,9 @@ Two batch layouts, one item builder:
   stream (``ops.lora_apply_static_with_base``).
 
 SGLang only calls this module; it imports SGLang because it subclasses
-``BaseLoRABackend`` (registered by :mod:`sglang_vlora.plugin`).
+``BaseLoRABackend`` (registered by :mod:`sglang_vlora.plugin`, whose factory hands each
+backend the scheduler process's :class:`~sglang_vlora.runtime.VLoRARuntime`: the options and
+the mode controller).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
-from sglang_vlora.modes import mode_hooks
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
+from sglang_vlora.runtime import VLoRARuntime
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +104,18 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     name = "atmm"
 
-    def __init__(self, max_loras_per_batch: int, device: torch.device, impl: str | None = None, **kwargs):
+    def __init__(
+        self,
+        max_loras_per_batch: int,
+        device: torch.device,
+        impl: str | None = None,
+        runtime: VLoRARuntime | None = None,
+        **kwargs,
+    ):
         super().__init__(max_loras_per_batch, device)
-        from sglang_vlora.plugin import active_config
-
-        cfg = active_config()
+        # None: a backend built outside a server (tests, benchmarks): defaults, nothing merged.
+        self.runtime = runtime
+        cfg = runtime.config if runtime is not None else None
         if impl is None:
             impl = cfg.atmm_impl if cfg is not None else "auto"
         self.impl = impl
@@ -173,7 +182,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
         starts, lengths, slots, permutation = group_by_slot(seq_lens, list(weight_indices))
         merged_slot = None
-        controller = mode_hooks.controller()
+        controller = self.runtime.controller if self.runtime is not None else None
         if controller is not None and controller.merged_uid is not None:
             lora_ranks, scalings = list(lora_ranks), list(scalings)
             merged_slot = controller.merged_slot(lora_ranks, scalings)

@@ -1,19 +1,21 @@
 """Input that must never reach SGLang's scheduler unchecked: the glue between SGLang and the
 plain checks of :mod:`sglang_vlora.request_check` and :func:`sglang_vlora.adapters.check_package`.
-Declared in :mod:`sglang_vlora.sglang_hooks`.
+Declared, with their reasons, in :mod:`sglang_vlora.sglang_hooks`; each hook takes the
+process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
 
-* launcher, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
+* HTTP server, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
   an object, one image placeholder per image, one ``lora_path`` per prompt of a batch (SGLang
   crashes on the first two, answers 500 to the third and the last, and drops extra images);
-  SGLang's own schema errors get the name of the field;
-* launcher, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
+  SGLang's own schema errors get the name of the field; then the task-head and application /
+  SLO fields (:mod:`sglang_vlora.heads.head_requests`, :func:`sglang_vlora.request_check.check_application_and_slo`);
+* HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
   before the image is decoded (Pillow's decompression-bomb error was a 500);
 * scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction, tensors
   sent to ``/load_lora_adapter_from_tensors``): the package check against the model (every
   tensor's shape, dtype, finiteness; rank; target modules; heads) before SGLang reads it, so a
   misfit adapter fails its load with the reason instead of crashing the first request that
   uses it; ``--lora-target-modules all`` means the modules atmm serves;
-* launcher, auth: ``/vlora/status`` answers either configured key (SGLang's levels have no
+* HTTP server, auth: ``/vlora/status`` answers either configured key (SGLang's levels have no
   "any key" level); ``/vlora/mode`` carries SGLang's ``ADMIN_OPTIONAL`` level itself.
 """
 
@@ -26,24 +28,19 @@ import secrets
 
 from sglang_vlora import request_check
 from sglang_vlora.adapters import AdapterError, ModelShapes, check_lora, check_package
-from sglang_vlora.config import VLoRAConfig
+from sglang_vlora.heads.head_requests import check_head_request
+from sglang_vlora.http_api import ANY_KEY_ROUTES
+from sglang_vlora.runtime import VLoRARuntime
 
 logger = logging.getLogger(__name__)
 
-# Routes readable with the user key or the admin key (when keys are configured).
-ANY_KEY_ROUTES = frozenset({"/vlora/status"})
 # What the atmm backend cannot serve (SGLang's "all" adds them).
 EMBEDDING_TARGETS = frozenset({"embed_tokens", "lm_head"})
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-def _max_image_pixels() -> int:
-    cfg = VLoRAConfig.from_env()
-    return cfg.max_image_pixels if cfg is not None else VLoRAConfig().max_image_pixels
-
-
-# ------------------------------------------------------------------- launcher
-def check_request(tokenizer_manager, obj) -> None:
+# ------------------------------------------------------------------- HTTP server
+def _check_request(tokenizer_manager, obj) -> None:
     """Raise :class:`~sglang_vlora.request_check.RequestError` for input SGLang cannot serve.
     ``obj`` is a normalized ``GenerateReqInput`` or ``EmbeddingReqInput``."""
     request_check.check_custom_params(getattr(obj, "sampling_params", None))
@@ -57,7 +54,40 @@ def check_request(tokenizer_manager, obj) -> None:
         )
 
 
-def normalized_request_after(result, self, *args, **kwargs):
+def _per_request(obj) -> list[tuple[dict, str | None]]:
+    """(sampling params dict, adapter name) of each request of a GenerateReqInput."""
+    texts = obj.text if obj.text is not None else obj.input_ids
+    batch = isinstance(texts, list) and texts and not isinstance(texts[0], int)
+    n = len(texts) if batch else 1
+    params = obj.sampling_params
+    if params is None:
+        params = {}
+        obj.sampling_params = params
+    param_list = params if isinstance(params, list) else [params] * n
+    adapters = obj.lora_path if isinstance(obj.lora_path, list) else [obj.lora_path] * n
+    return list(zip(param_list, adapters, strict=False))
+
+
+def _lora_path(tokenizer_manager, adapter: str) -> str | None:
+    """The folder of an adapter SGLang knows by name (None: it does not)."""
+    ref = tokenizer_manager.lora_registry._registry.get(adapter) or tokenizer_manager.lora_ref_cache.get(adapter)
+    return None if ref is None else ref.lora_path
+
+
+async def validate_requests_around(rt: VLoRARuntime, original, self, obj) -> None:
+    """AROUND ``TokenizerManager._validate_and_resolve_lora`` (every generate request): our
+    checks first (input SGLang cannot serve, task-head and application / SLO fields), so a
+    refused request holds no adapter reference; then SGLang's. A valid head request is made
+    to finish after prefill."""
+    _check_request(self, obj)
+    for params, adapter in _per_request(obj):
+        if isinstance(params, dict):
+            check_head_request(params, adapter, lambda name: _lora_path(self, name))
+    request_check.check_application_and_slo(obj.sampling_params)
+    await original(self, obj)
+
+
+def normalized_request_after(rt: VLoRARuntime, result, self, *args, **kwargs):
     """AFTER ``GenerateReqInput.normalize_batch_and_arguments``: SGLang indexes ``lora_path``
     per prompt right after this (an IndexError, a 500, for a short list)."""
     if not self.is_single:
@@ -66,7 +96,7 @@ def normalized_request_after(result, self, *args, **kwargs):
     return result
 
 
-def contract_error_around(original, body):
+def contract_error_around(rt: VLoRARuntime, original, body):
     """AROUND ``sglang.srt.entrypoints.api_contract.generate_contract_error``: SGLang's schema
     error names the expected type but not the field ("invalid type: string "many", expected
     i64"); prefix the field it is about, found by checking the fields one at a time."""
@@ -86,7 +116,7 @@ def contract_error_around(original, body):
     return error
 
 
-def load_image_around(original, *args, **kwargs):
+def load_image_around(rt: VLoRARuntime, original, *args, **kwargs):
     """AROUND ``sglang.srt.utils.common._load_image``: Pillow refuses to open an image whose
     header declares a decompression bomb; that is the client's error (400), not the server's."""
     from PIL import Image
@@ -94,17 +124,17 @@ def load_image_around(original, *args, **kwargs):
     try:
         return original(*args, **kwargs)
     except Image.DecompressionBombError as exc:
-        raise request_check.image_too_large(_max_image_pixels()) from exc
+        raise request_check.image_too_large(rt.config.max_image_pixels) from exc
 
 
-def image_size_around(original, image):
+def image_size_around(rt: VLoRARuntime, original, image):
     """AROUND ``sglang.srt.utils.common._fully_load_pil_image``: refuse an image above the
     pixel limit from its header, before its pixels are decoded."""
-    request_check.check_image_size(int(image.width), int(image.height), _max_image_pixels())
+    request_check.check_image_size(int(image.width), int(image.height), rt.config.max_image_pixels)
     return original(image)
 
 
-def decide_auth_around(original, *args, **kwargs):
+def decide_auth_around(rt: VLoRARuntime, original, *args, **kwargs):
     """AROUND ``sglang.srt.utils.auth.decide_request_auth``: the read-only plugin routes accept
     any configured key (SGLang's NORMAL level takes only ``--api-key``, its admin levels only
     ``--admin-api-key``); everything else is SGLang's decision."""
@@ -164,7 +194,7 @@ def _refusal(lora_manager, lora_ref, check) -> object | None:
     return None
 
 
-def check_adapter_load_around(original, self, lora_ref, *args, **kwargs):
+def check_adapter_load_around(rt: VLoRARuntime, original, self, lora_ref, *args, **kwargs):
     """AROUND ``LoRAManager._load_lora_adapter``: the package check before SGLang reads the
     adapter; a failure is a failed load (a 400 with the reason; at start-up, an error)."""
     refused = _refusal(self, lora_ref, lambda model, rank, served: check_package(
@@ -172,14 +202,14 @@ def check_adapter_load_around(original, self, lora_ref, *args, **kwargs):
     return refused if refused is not None else original(self, lora_ref, *args, **kwargs)
 
 
-def check_tensor_load_around(original, self, lora_ref, tensors, config_dict, *args, **kwargs):
+def check_tensor_load_around(rt: VLoRARuntime, original, self, lora_ref, tensors, config_dict, *args, **kwargs):
     """AROUND ``LoRAManager._load_lora_adapter_from_tensors``: the same LoRA check for an
     adapter sent as tensors (``/load_lora_adapter_from_tensors``)."""
     refused = _refusal(self, lora_ref, lambda model, rank, served: check_lora(config_dict, tensors, model, rank, served))
     return refused if refused is not None else original(self, lora_ref, tensors, config_dict, *args, **kwargs)
 
 
-def served_targets_around(original, self, *args, **kwargs):
+def served_targets_around(rt: VLoRARuntime, original, self, *args, **kwargs):
     """AROUND ``LoRAManager.init_lora_shapes``: ``--lora-target-modules all`` means, with the
     atmm backend, every linear module it serves (SGLang's "all" adds embeddings and lm_head,
     which atmm refuses, and the server would stop at start)."""

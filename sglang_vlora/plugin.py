@@ -1,69 +1,91 @@
 """SGLang plugin entry point (``sglang.srt.plugins`` -> ``vlora``).
 
-SGLang calls :func:`register` in every process: the launcher (before it parses
+SGLang calls :func:`register` once in every process: the launcher (before it parses
 arguments), the scheduler and the detokenizer (spawned; they import SGLang's engine
-modules before calling plugins). The launcher learns from ``--plugin vlora`` whether
-the plugin is on and hands our options to the children through the environment
+modules before calling plugins). :func:`register` creates the process's
+:class:`~sglang_vlora.runtime.VLoRARuntime`, the one object that holds the plugin's state,
+and registers the argument hooks. The launcher learns from ``--plugin vlora`` whether the
+plugin is on and hands our options to the children through the environment
 (:mod:`sglang_vlora.config`); a child sees that variable and turns itself on.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+from typing import NoReturn
 
 from sglang_vlora import config as vlora_config
-from sglang_vlora import cpu_compat, sglang_hooks
+from sglang_vlora import cpu_compat, sglang_hooks, touch_points
+from sglang_vlora.runtime import VLoRARuntime
 
 logger = logging.getLogger(__name__)
 
-_active: vlora_config.VLoRAConfig | None = None
-
 
 def register() -> None:
-    """Entry point: add the flag hooks; in a child of an active launcher, turn on."""
-    sglang_hooks.register(sglang_hooks.ARG_HOOKS)
+    """Entry point: create this process's runtime and add the flag hooks; in a child of an
+    active launcher, turn on."""
+    rt = VLoRARuntime()
+    touch_points.register(sglang_hooks.ARG_HOOKS, functools.partial(turn_on_from_args, rt))
     cfg = vlora_config.VLoRAConfig.from_env()
     if cfg is not None:
-        activate(cfg)
+        activate(rt, cfg)
 
 
-def active_config() -> vlora_config.VLoRAConfig | None:
-    """The options of this process if the plugin is on, else None."""
-    return _active
+def turn_on_from_args(rt: VLoRARuntime, args: argparse.Namespace) -> None:
+    """``--plugin vlora`` was given (launcher): read our flags, turn on, fill SGLang's
+    LoRA and CPU defaults."""
+    try:
+        cfg = vlora_config.VLoRAConfig.from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"sglang-vlora: {exc}") from exc
+    activate(rt, cfg)
+    apply_server_defaults(args, cfg)
 
 
-def activate(cfg: vlora_config.VLoRAConfig) -> None:
-    """Turn the plugin on in this process and check that every hook applied.
+def _stop(exc: Exception) -> NoReturn:
+    """SGLang's plugin loader catches ``Exception`` from plugins and would only log it."""
+    logger.error("%s", exc)
+    raise SystemExit(str(exc)) from exc
 
-    Raises ``SystemExit`` naming the hook if one did not apply: SGLang's plugin
-    loader catches ``Exception`` from plugins and would only log it.
-    """
-    global _active
+
+def activate(rt: VLoRARuntime, cfg: vlora_config.VLoRAConfig) -> None:
+    """Turn the plugin on in this process: check the installed SGLang against the touch-point
+    table, register the ``atmm`` backend and the hooks (bound to ``rt``), check that every
+    hook applied. A second call (the launcher of a child's environment) only replaces the
+    options. Raises ``SystemExit`` naming what moved or the hook that did not apply."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    cpu_compat.activate()
-    cfg.to_env()
-    _register_backend()
-    sglang_hooks.register(sglang_hooks.ACTIVE_HOOKS)
-    HookRegistry.apply_hooks()
+    hooks = sglang_hooks.ARG_HOOKS + sglang_hooks.ACTIVE_HOOKS
     try:
-        sglang_hooks.verify_applied(sglang_hooks.ARG_HOOKS + sglang_hooks.ACTIVE_HOOKS)
+        touch_points.check([], sglang_hooks.CPU_BRIDGE_POINTS)
+        cpu_compat.activate()
+        if not rt.active:
+            touch_points.check(hooks, sglang_hooks.SERVER_POINTS)
+    except touch_points.SGLangMismatch as exc:
+        _stop(exc)
+    cfg.to_env()
+    if not rt.active:
+        _register_backend(rt)
+        touch_points.register(sglang_hooks.ACTIVE_HOOKS, rt)
+        HookRegistry.apply_hooks()
+    try:
+        touch_points.verify_applied(hooks)
     except RuntimeError as exc:
-        logger.error("%s", exc)
-        raise SystemExit(str(exc)) from exc
-    _active = cfg
+        _stop(exc)
+    rt.config = cfg
     logger.info("sglang-vlora active: %s", cfg)
 
 
-def _register_backend() -> None:
+def _register_backend(rt: VLoRARuntime) -> None:
     from sglang.srt.lora.backend.lora_registry import register_lora_backend
 
     @register_lora_backend("atmm")
     def create_atmm_backend():
         from sglang_vlora.backend import ATMMLoRABackend
 
-        return ATMMLoRABackend
+        return functools.partial(ATMMLoRABackend, runtime=rt)
 
 
 # Serving defaults on a machine without a GPU; applied only to flags left unset.

@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from sglang_vlora.orchestrator.request_params import application_and_slo
+
 # Adapter names: what /load_lora_adapter and --lora-paths accept. Names are addressed in
 # requests (lora_path, the OpenAI "model:adapter" suffix) and in logs, never as paths.
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -80,6 +82,15 @@ def check_custom_params(sampling_params: Any) -> None:
                 f"{where}.custom_params must be an object such as {{\"vlora_head\": true}}, "
                 f"got {type(custom).__name__}"
             )
+
+
+def check_application_and_slo(sampling_params: Any) -> None:
+    """The application and latency SLO in each request's ``custom_params``
+    (:func:`~sglang_vlora.orchestrator.request_params.application_and_slo`): ``ValueError``
+    with the reason for a malformed one."""
+    for entry in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+        if isinstance(entry, dict):
+            application_and_slo(entry.get("custom_params"))
 
 
 def _count_images(images: Any) -> int:

@@ -14,6 +14,8 @@ machine nothing here runs. Three gaps are bridged:
 3. SGLang's LoRA code pins host memory unconditionally (``Tensor.pin_memory()``,
    ``torch.tensor(..., pin_memory=True)``), which raises without a GPU driver.
    Pinning only matters for GPU copies, so without a GPU both become no-ops.
+
+Each bridge is declared, with what it replaces, in :mod:`sglang_vlora.sglang_hooks`.
 """
 
 from __future__ import annotations

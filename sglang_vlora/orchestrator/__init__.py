@@ -1,7 +1,8 @@
 """The orchestrator's decisions as pure logic (paper §4.4.3): no torch, no SGLang.
 
-The scheduler glue (:mod:`sglang_vlora.orchestrator.scheduler_hooks`, the only module
-here that touches SGLang, imported by the plugin alone) builds a
+In the server, :class:`sglang_vlora.orchestrator.runtime.Orchestrator` (one per scheduler
+process, driven by the hooks of :mod:`sglang_vlora.orchestrator.scheduler_hooks`; the two
+modules here that touch SGLang, neither imported by this package) builds a
 :class:`SchedulerState` every iteration, calls ``policy.decide(state)`` and applies the
 :class:`Decision`.
 """

@@ -80,12 +80,13 @@ def rel(got, ref) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_graph_replays_every_mode_like_eager(monkeypatch, dtype):
+def test_graph_replays_every_mode_like_eager(dtype):
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_vlora.backend import ATMMLoRABackend
-    from sglang_vlora.modes import mode_hooks
+    from sglang_vlora.config import VLoRAConfig
+    from sglang_vlora.runtime import VLoRARuntime
 
     g = torch.Generator().manual_seed(0)
     max_rank = max(RANKS)
@@ -99,11 +100,12 @@ def test_graph_replays_every_mode_like_eager(monkeypatch, dtype):
     x = torch.zeros(GRAPH_BS, D, device="cuda", dtype=dtype)
     o_base = torch.zeros(GRAPH_BS, D, device="cuda", dtype=dtype)
 
-    backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto")
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
 
     def prepare(slots, merged, graph: bool):
-        monkeypatch.setattr(mode_hooks, "controller", lambda: FakeController(merged))
+        rt.controller = FakeController(merged)
         ranks = [r if s in slots else 0 for s, r in enumerate(RANKS)]
         batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=len(slots))
         backend.prepare_lora_batch(batch, slots, ranks, SCALINGS, use_cuda_graph=graph)

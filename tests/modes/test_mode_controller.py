@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from sglang_vlora.atmm.work_items import build_work_items
+from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.modes import mode_hooks
+from sglang_vlora.modes.controller import ModeController
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_item_lists
+from sglang_vlora.runtime import VLoRARuntime
 
 LAYERS = 3
 D = 16
@@ -61,16 +64,16 @@ def expected_weight(manager, name, layer, adapter):
     return delta
 
 
-def test_weights_are_stacked_when_the_manager_is_built_and_switched_in_place(monkeypatch):
-    monkeypatch.setattr(mode_hooks, "_controller", None)
+def test_weights_are_stacked_when_the_manager_is_built_and_switched_in_place():
     manager = fake_manager()
     modules = [(name.rsplit(".", 1)[-1], i, m) for i, layer in enumerate(manager.lora_modules) for name, m in layer.items()]
     originals = {(name, i): m.base_layer.weight.detach().clone() for name, i, m in modules}
     x = torch.randn(5, D)
     before = {(name, i): m.base_layer(x) for name, i, m in modules}
 
-    mode_hooks.lora_manager_init_after(None, manager)
-    ctl = mode_hooks.controller()
+    rt = VLoRARuntime(VLoRAConfig())
+    mode_hooks.lora_manager_init_after(rt, None, manager)
+    ctl = rt.controller
     assert sorted(ctl.stacks) == ["o_proj", "qkv_proj"]
     for name, i, m in modules:  # the model's parameters are views of the stacks, same values
         assert m.base_layer.weight.data_ptr() == ctl.stacks[name][i].data_ptr()
@@ -92,24 +95,23 @@ def test_weights_are_stacked_when_the_manager_is_built_and_switched_in_place(mon
                 torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_modes_still_need_the_atmm_backend(monkeypatch):
-    monkeypatch.setattr(mode_hooks, "_controller", None)
+def test_modes_still_need_the_atmm_backend():
     manager = fake_manager("triton")
-    mode_hooks.lora_manager_init_after(None, manager)
-    ctl = mode_hooks.controller()
+    rt = VLoRARuntime(VLoRAConfig())
+    mode_hooks.lora_manager_init_after(rt, None, manager)
+    ctl = rt.controller
     assert ctl.stacks == {}  # nothing moved for a backend that cannot run the modes
     with pytest.raises(ValueError, match="--lora-backend atmm"):
         ctl.apply("merge", "a")
 
 
-def test_kinds_that_cannot_be_stacked_are_left_alone(monkeypatch):
-    monkeypatch.setattr(mode_hooks, "_controller", None)
+def test_kinds_that_cannot_be_stacked_are_left_alone():
     manager = fake_manager()
     layer0 = manager.lora_modules[0]["model.layers.0.self_attn.o_proj"]
     layer0.base_layer.weight.data = layer0.base_layer.weight.data.double()
     for layer in manager.lora_modules:  # an MoE layer: no .weight
         layer["model.layers.0.mlp.experts"] = SimpleNamespace(base_layer=SimpleNamespace())
-    ctl = mode_hooks.ModeController(manager)
+    ctl = ModeController(manager)
     assert ctl.stack_weights() == ["qkv_proj"]
 
 

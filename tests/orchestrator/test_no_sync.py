@@ -25,7 +25,7 @@ def test_no_blocking_call_in_the_orchestrator():
 
 
 def test_events_are_read_only_by_the_clock():
-    tree = ast.parse((Path(package.__file__).parent / "scheduler_hooks.py").read_text())
+    tree = ast.parse((Path(package.__file__).parent / "runtime.py").read_text())
     clock = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "CudaClock")
     in_clock = {line for name, line in calls(clock)}
     reads = [line for name, line in calls(tree) if name in ("elapsed_time", "query")]

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_vlora.orchestrator.scheduler_hooks import _capacity, _work
+from sglang_vlora.orchestrator.runtime import _capacity, _work
 
 
 def batch(extend: bool, reqs: int, extend_tokens: int | None = None, decoding: int = 0):

@@ -16,8 +16,9 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_vlora.backend import ATMMLoRABackend, group_by_slot, segments_from_requests
-from sglang_vlora.modes import mode_hooks
+from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.modes.delora import max_mode_items
+from sglang_vlora.runtime import VLoRARuntime
 
 D_IN = 24
 MAX_RANK = 16
@@ -149,21 +150,22 @@ KINDS = {"single": [20], "qkv": [12, 6, 6], "gate_up": [10, 10], "with_base": [1
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_graph_path_replays_any_mode_and_item_count(monkeypatch, kind, impl):
+def test_graph_path_replays_any_mode_and_item_count(kind, impl):
     slices = KINDS[kind]
     a, b = pools(slices, seed=3)
     # NaN where a slot's rank ends: no path may read pool entries past the rank.
     for slot, r in enumerate(SLOTS_RANKS):
         a[slot, len(slices) * r :] = float("nan")
         b[slot, :, r:] = float("nan")
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl)
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
     static = backend.graph_items
     assert static.capacity == max_mode_items(len(SLOTS_RANKS)) and static.max_layers == 2
     buffers = (static.packed.data_ptr(), static.permutation.data_ptr())
 
     # Capture: SGLang prepares a padded, base-only batch (no items), then captures.
-    monkeypatch.setattr(mode_hooks, "controller", lambda: FakeController(None))
+    rt.controller = FakeController(None)
     backend.prepare_lora_batch(decode_batch(GRAPH_BS), [0] * GRAPH_BS, SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
     assert backend.use_graph_path and backend.batch_info.use_cuda_graph
     offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
@@ -172,7 +174,7 @@ def test_graph_path_replays_any_mode_and_item_count(monkeypatch, kind, impl):
     assert torch.equal(run_layer(backend, kind, torch.randn(GRAPH_BS, D_IN, generator=g), a, b, offsets, base.clone()), base)
 
     for label, merged, slots, num_items in REPLAYS:
-        monkeypatch.setattr(mode_hooks, "controller", lambda merged=merged: FakeController(merged))
+        rt.controller = FakeController(merged)
         ranks = [r if s in slots else 0 for s, r in enumerate(SLOTS_RANKS)]  # SGLang: batch's adapters only
         backend.prepare_lora_batch(decode_batch(len(slots)), slots, ranks, SCALINGS, use_cuda_graph=True)
         assert int((static.seg_lens > 0).sum()) == num_items, label
@@ -188,15 +190,15 @@ def test_graph_path_replays_any_mode_and_item_count(monkeypatch, kind, impl):
         assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
 
 
-def test_graph_path_matches_eager_path_in_mixture(monkeypatch):
+def test_graph_path_matches_eager_path_in_mixture():
     """One batch, both layouts: the same items, the same result."""
     slices = [12, 6, 6]
     a, b = pools(slices, seed=5)
     slots = [1, 2, 3, 2, 0, 1, 1]
     x = torch.randn(len(slots), D_IN)
     offsets = torch.tensor(reference(x, a, b, slots, slices)[1], dtype=torch.int32)
-    monkeypatch.setattr(mode_hooks, "controller", lambda: FakeController(2))
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    rt = VLoRARuntime(VLoRAConfig(), controller=FakeController(2))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch", runtime=rt)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=8, num_tokens_per_req=1)
     backend.prepare_lora_batch(decode_batch(len(slots)), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
     eager = backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets)
@@ -205,17 +207,17 @@ def test_graph_path_matches_eager_path_in_mixture(monkeypatch):
     torch.testing.assert_close(graph, eager, rtol=1e-5, atol=1e-5)
 
 
-def test_graph_items_fit_every_batch_in_every_mode(monkeypatch):
+def test_graph_items_fit_every_batch_in_every_mode():
     """Random batches up to the graph's size (2 tokens per request, as in speculative
     verify) fill the static buffers in every mode without overflow."""
     g = torch.Generator().manual_seed(6)
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch", runtime=rt)
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=6, num_tokens_per_req=2)
     for trial in range(300):
         n = int(torch.randint(1, 7, (1,), generator=g))
         slots = torch.randint(0, len(SLOTS_RANKS), (n,), generator=g).tolist()
-        controller = FakeController([None, 1, 2, 3][trial % 4])
-        monkeypatch.setattr(mode_hooks, "controller", lambda c=controller: c)
+        rt.controller = FakeController([None, 1, 2, 3][trial % 4])
         batch = SimpleNamespace(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=n, spec_info=SimpleNamespace(draft_token_num=2)
         )
@@ -250,12 +252,11 @@ def test_graph_batch_larger_than_captured_is_refused():
         backend.prepare_lora_batch(decode_batch(3), [1, 1, 1], SLOTS_RANKS, SCALINGS, use_cuda_graph=True)
 
 
-def test_graph_items_take_one_layer_when_the_policy_never_merges(monkeypatch):
-    from sglang_vlora import plugin
-    from sglang_vlora.config import VLoRAConfig
-
+def test_graph_items_take_one_layer_when_the_policy_never_merges():
     for policy, layers in (("unmerge-only", 1), ("vlora", 2), ("manual", 2)):
-        monkeypatch.setattr(plugin, "active_config", lambda policy=policy: VLoRAConfig(policy=policy))
-        backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+        rt = VLoRARuntime(VLoRAConfig(policy=policy))
+        backend = ATMMLoRABackend(
+            max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch", runtime=rt
+        )
         backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
         assert backend.graph_items.max_layers == layers, policy

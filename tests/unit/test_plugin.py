@@ -10,7 +10,7 @@ import sys
 import pytest
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_vlora import sglang_hooks
+from sglang_vlora import touch_points
 from sglang_vlora.config import ENV_VAR, VLoRAConfig
 
 # Runs in a fresh interpreter (plugins are process-global): load plugins as the
@@ -164,26 +164,28 @@ def test_self_check_names_a_hook_that_did_not_apply():
     def never_registered(*args, **kwargs):
         return None
 
-    missing = sglang_hooks.Hook(
-        "sglang.srt.server_args.ServerArgs.url", HookType.AFTER, never_registered, "test"
+    missing = touch_points.Hook(
+        "sglang.srt.server_args.ServerArgs.url", HookType.AFTER, never_registered, "test", ()
     )
     with pytest.raises(RuntimeError, match="ServerArgs.url did not apply"):
-        sglang_hooks.verify_applied([missing])
-    typo = sglang_hooks.Hook("sglang.srt.server_args.ServerArgz.url", HookType.AFTER, never_registered, "test")
+        touch_points.verify_applied([missing])
+    typo = touch_points.Hook("sglang.srt.server_args.ServerArgz.url", HookType.AFTER, never_registered, "test", ())
     with pytest.raises(RuntimeError, match="ServerArgz.url not found"):
-        sglang_hooks.verify_applied([typo])
+        touch_points.verify_applied([typo])
 
 
 def test_self_check_accepts_an_applied_hook():
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    def after_url(result, *args, **kwargs):
+    def after_url(bound, result, *args, **kwargs):
         return result
 
-    hook = sglang_hooks.Hook("sglang.srt.server_args.ServerArgs.get_tokenizer_worker_class", HookType.AFTER, after_url, "test")
-    sglang_hooks.register([hook])
+    hook = touch_points.Hook(
+        "sglang.srt.server_args.ServerArgs.get_tokenizer_worker_class", HookType.AFTER, after_url, "test", ()
+    )
+    touch_points.register([hook], "bound first argument")
     HookRegistry.apply_hooks()
-    sglang_hooks.verify_applied([hook])
+    touch_points.verify_applied([hook])
 
 
 @pytest.mark.parametrize(
@@ -202,10 +204,11 @@ def test_status_reads_with_any_configured_key_and_mode_keeps_sglangs_admin_level
     from sglang.srt.utils.auth import AuthLevel, decide_request_auth
 
     from sglang_vlora.guard_hooks import decide_auth_around
+    from sglang_vlora.runtime import VLoRARuntime
 
     def decide(path: str, key: str | None, level: AuthLevel) -> bool:
         return decide_auth_around(
-            decide_request_auth, method="GET", path=path, authorization_header=f"Bearer {key}" if key else None,
+            VLoRARuntime(VLoRAConfig()), decide_request_auth, method="GET", path=path, authorization_header=f"Bearer {key}" if key else None,
             api_key=api_key, admin_api_key=admin_key, auth_level=level,
         ).allowed
 
