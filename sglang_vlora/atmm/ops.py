@@ -56,13 +56,6 @@ def _kernel_impl(t: torch.Tensor, impl: str) -> str | None:
     return impl
 
 
-def _token_rows(items: WorkItems, i: int) -> torch.Tensor | slice:
-    start, length = items.seg_starts_host[i], items.seg_lens_host[i]
-    if items.permutation is None:
-        return slice(start, start + length)
-    return items.permutation[start : start + length]
-
-
 def lora_shrink(
     x: torch.Tensor, a_buffer: torch.Tensor, items: WorkItems, num_slices: int, impl: str = "auto"
 ) -> torch.Tensor:
@@ -75,15 +68,8 @@ def lora_shrink(
     kernels = _kernel_impl(x, impl)
     if kernels is not None:
         return _shrink_kernel(x, a_buffer, items, num_slices, impl=kernels)
-    out = torch.zeros((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    row = 0
-    for i in range(items.num_items):
-        length = items.seg_lens_host[i]
-        width = num_slices * items.ranks_host[items.slots_host[i]]
-        a = a_buffer[items.slots_host[i], :width]
-        out[row : row + length, :width] = x[_token_rows(items, i)] @ a.T
-        row += length
-    return out
+    static = static_items.from_work_items(items, x.shape[0])
+    return static_items.shrink_torch(x, a_buffer, static, num_slices)[: items.total_rows]
 
 
 def lora_expand(
@@ -100,26 +86,8 @@ def lora_expand(
     kernels = _kernel_impl(output, impl)
     if kernels is not None:
         return _expand_kernel(intermediate, b_buffer, items, slice_offsets, output, impl=kernels)
-    num_slices = len(slice_offsets) - 1
-    row = 0
-    for i in range(items.num_items):
-        length = items.seg_lens_host[i]
-        slot = items.slots_host[i]
-        rank = items.ranks_host[slot]
-        rows = _token_rows(items, i)
-        block = intermediate[row : row + length]
-        delta = torch.empty((length, slice_offsets[-1]), dtype=torch.float32, device=output.device)
-        for s in range(num_slices):
-            lo, hi = slice_offsets[s], slice_offsets[s + 1]
-            xs = block[:, s * rank : (s + 1) * rank].float()
-            delta[:, lo:hi] = xs @ b_buffer[slot, lo:hi, :rank].float().T
-        delta.mul_(items.scales_host[i])
-        if isinstance(rows, slice):
-            output[rows] += delta.to(output.dtype)
-        else:
-            output.index_add_(0, rows, delta.to(output.dtype))
-        row += length
-    return output
+    static = static_items.from_work_items(items, output.shape[0])
+    return static_items.expand_torch(intermediate, b_buffer, static, slice_offsets, output)
 
 
 def lora_apply(
@@ -322,6 +290,24 @@ def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compil
         compile_one(cfg)
 
 
+_IDENTITY: dict[torch.device, torch.Tensor] = {}
+
+
+def _kernel_permutation(items: WorkItems, num_tokens: int) -> torch.Tensor:
+    """The items' token permutation, or the identity: the Triton kernels always read one
+    (as the graph-safe path does), so every batch runs the one compiled variant that the
+    first call of a shape compiles ahead (``_compile_table_configs``), never a second one
+    in the middle of serving."""
+    if items.permutation is not None:
+        return items.permutation
+    device = items.seg_lens.device
+    identity = _IDENTITY.get(device)
+    if identity is None or identity.numel() < num_tokens:
+        size = max(1024, 1 << (num_tokens - 1).bit_length())
+        identity = _IDENTITY[device] = torch.arange(size, dtype=torch.int32, device=device)
+    return identity[:num_tokens]
+
+
 def _plan(items: WorkItems, key: tuple, build: Callable[[], Callable]) -> Callable:
     """The batch's plan for ``key`` (an op and its operands' shapes), built at its first
     call: the layers of one module shape all run the same implementation, configs and
@@ -357,7 +343,7 @@ def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool
     alloc = torch.zeros if zero_fill else torch.empty
     inter = alloc((rows, width), dtype=x.dtype, device=x.device)
     args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
-            items.permutation, num_slices, rows)
+            _kernel_permutation(items, x.shape[0]), num_slices, rows)
     key = {"k": x.shape[1], "n": num_slices * _items_max_rank(items)}
     _compile_table_configs("shrink", key, x, lambda c: triton_kernels.launch_shrink(*args, c, compile_only=True))
     prepared = triton_kernels.prepare_shrink(*args, cfg)
@@ -433,6 +419,7 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
         row_tiles = cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m)
         return lambda inter, b, out: cuda_ext.launch_expand(inter, b, out, *args[3:], row_tiles, cfg)
     rows = min(items.total_rows, output.shape[0])
+    args = (*args[:11], _kernel_permutation(items, output.shape[0]), slice_offsets)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
     _compile_table_configs(
         "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)

@@ -17,7 +17,8 @@ storage allocated once and never moved.
 :func:`shrink_torch` and :func:`expand_torch` are the pure-torch form of the static
 kernels: same buffers, same intermediate layout, fixed shapes only (no host read of a
 device value), so they are graph-safe too. The ``*_static`` ops take them on CPU
-(without Triton's interpreter) and with ``impl="torch"``.
+(without Triton's interpreter) and with ``impl="torch"``; through :func:`from_work_items`
+they are the eager ops' torch reference as well.
 """
 
 from __future__ import annotations
@@ -162,18 +163,21 @@ def shrink_torch(x: torch.Tensor, a_buffer: torch.Tensor, items: StaticWorkItems
     """Torch form of ``lora_shrink_static``: ``[items.max_rows(m), S * max_rank]`` with
     the row of (item, position) at ``row_start + position - seg_start``; other rows and
     columns past ``S * r`` are zero. Garbage in the pool beyond a slot's rank is never
-    read into a result."""
+    read into a result. One GEMM per pool slot and layer (positions of other slots
+    discarded): memory stays ``[m, S * max_rank]`` however many tokens."""
     m, width = x.shape[0], a_buffer.shape[1]
     bound = items.max_rows(m)
     out = torch.zeros((bound + 1, width), dtype=x.dtype, device=x.device)  # last row: sink
     cdtype = _compute_dtype(x, a_buffer)
     cols = torch.arange(width, device=x.device)
-    for layer in range(items.max_layers):
+    for layer in range(items.max_layers if items.capacity else 0):  # capacity: static, graph-safe
         pos, covered, item, token = _layer_map(items, m, layer)
         slot = items.slots.long()[item]
-        live = cols.unsqueeze(0) < (num_slices * items.ranks.long()[slot]).unsqueeze(1)
-        a = torch.where(live.unsqueeze(2), a_buffer[slot].to(cdtype), 0)
-        rows = torch.einsum("pwd,pd->pw", a, x[token].to(cdtype))
+        xt = x[token].to(cdtype)
+        rows = torch.zeros((m, width), dtype=cdtype, device=x.device)
+        for s in range(a_buffer.shape[0]):
+            a = torch.where((cols < num_slices * items.ranks[s]).unsqueeze(1), a_buffer[s].to(cdtype), 0)
+            rows = torch.where((slot == s).unsqueeze(1), xt @ a.T, rows)
         row = items.row_starts.long()[item] + pos - items.seg_starts.long()[item]
         out.index_copy_(0, torch.where(covered, row, bound), rows.to(x.dtype))
     return out[:bound]
@@ -188,25 +192,48 @@ def expand_torch(
 ) -> torch.Tensor:
     """Torch form of ``lora_expand_static``: adds every covered position's
     ``scale * inter[row, s*r:(s+1)*r] @ B[slot, slice s, :r].T`` into ``output`` in place;
-    rows of no item are never read (they may hold garbage)."""
+    rows of no item are never read (they may hold garbage). One GEMM per pool slot,
+    slice and layer."""
     m, max_rank = output.shape[0], b_buffer.shape[2]
     cdtype = _compute_dtype(intermediate, b_buffer, output)
     cols = torch.arange(max_rank, device=output.device)
     last_col = intermediate.shape[1] - 1
-    for layer in range(items.max_layers):
+    for layer in range(items.max_layers if items.capacity else 0):  # capacity: static, graph-safe
         pos, covered, item, token = _layer_map(items, m, layer)
-        slot = items.slots.long()[item]
-        rank = torch.where(covered, items.ranks.long()[slot], 0)
-        live = cols.unsqueeze(0) < rank.unsqueeze(1)  # [m, max_rank]
+        slot = torch.where(covered, items.slots.long()[item], -1)
         row = torch.where(covered, items.row_starts.long()[item] + pos - items.seg_starts.long()[item], 0)
         block = intermediate[row]
         delta = torch.zeros((m, slice_offsets[-1]), dtype=cdtype, device=output.device)
-        for s in range(len(slice_offsets) - 1):
-            lo, hi = slice_offsets[s], slice_offsets[s + 1]
-            index = (s * rank).unsqueeze(1) + cols.unsqueeze(0)
-            xs = torch.where(live, torch.gather(block, 1, index.clamp(max=last_col)).to(cdtype), 0)
-            b = torch.where(live.unsqueeze(1), b_buffer[slot, lo:hi].to(cdtype), 0)
-            delta[:, lo:hi] = torch.einsum("poc,pc->po", b, xs)
+        for s in range(b_buffer.shape[0]):
+            rank = items.ranks[s].long()
+            live = cols < rank
+            mine = (slot == s).unsqueeze(1)
+            for sl in range(len(slice_offsets) - 1):
+                lo, hi = slice_offsets[sl], slice_offsets[sl + 1]
+                xs = block.index_select(1, (sl * rank + cols).clamp(max=last_col)).to(cdtype)
+                b = torch.where(live, b_buffer[s, lo:hi].to(cdtype), 0)
+                delta[:, lo:hi] = torch.where(mine, torch.where(live, xs, 0) @ b.T, delta[:, lo:hi])
         delta = torch.where(covered.unsqueeze(1), delta * items.scales[item].to(cdtype).unsqueeze(1), 0)
         output.index_add_(0, token, delta.to(output.dtype))
     return output
+
+
+def from_work_items(items: WorkItems, num_tokens: int) -> StaticWorkItems:
+    """A view of eager items as static ones (the same device tensors, no copy), so the
+    graph-safe torch forms above are also the eager reference (``ops.lora_shrink`` /
+    ``lora_expand`` with ``impl="torch"``)."""
+    device = items.seg_lens.device
+    permutation = items.permutation
+    if permutation is None:
+        permutation = torch.arange(num_tokens, dtype=torch.int32, device=device)
+    return StaticWorkItems(
+        seg_starts=items.seg_starts,
+        seg_lens=items.seg_lens,
+        slots=items.slots,
+        scales=items.scales,
+        row_starts=items.row_starts,
+        layers=items.layers if items.layers is not None else torch.zeros_like(items.seg_lens),
+        ranks=items.ranks,
+        permutation=permutation,
+        max_layers=max(items.num_layers, 1),
+    )
