@@ -40,7 +40,7 @@ from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.work_items import WorkItems
+from sglang_vlora.atmm.work_items import WorkItems, packed_to_device
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -192,7 +192,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation)
             return
-        perm = None if permutation is None else self._on_device(permutation, torch.int64)
+        perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
@@ -205,22 +205,25 @@ class ATMMLoRABackend(BaseLoRABackend):
         return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=True)
 
     def _eager_batch_info(self, forward_batch, seq_lens, weight_indices, lora_ranks, scalings) -> LoRABatchInfo:
-        """SGLang-side view of the batch (read by its layers and MoE/lm_head helpers)."""
+        """SGLang-side view of the batch (read by its layers and MoE/lm_head helpers), its
+        tensors from one pinned copy."""
         indptr = [0]
         for seq_len in seq_lens:
             indptr.append(indptr[-1] + seq_len)
-        on_device = self._on_device
-
+        ints = [indptr, list(weight_indices), list(lora_ranks), seq_lens]
+        seg_indptr, weights, ranks, seg_lens, scales = packed_to_device(
+            ints, [float(s) for s in scalings], self.device
+        )
         return LoRABatchInfo(
             use_cuda_graph=False,
             bs=forward_batch.batch_size,
             num_segments=len(seq_lens),
-            seg_indptr=on_device(indptr, torch.int32),
-            weight_indices=on_device(weight_indices, torch.int32),
-            lora_ranks=on_device(lora_ranks, torch.int32),
-            scalings=on_device([float(s) for s in scalings], torch.float),
+            seg_indptr=seg_indptr,
+            weight_indices=weights,
+            lora_ranks=ranks,
+            scalings=scales,
             max_len=max(seq_lens, default=0),
-            seg_lens=on_device(seq_lens, torch.int32),
+            seg_lens=seg_lens,
             expected_tokens=indptr[-1],
         )
 
@@ -243,15 +246,22 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     # ------------------------------------------------------------------ compute
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
-        """Graph batches: base GEMM and LoRA shrink side by side (one graph-safe call).
-        Everything else (eager batches, TP all-reduce, lm_head) takes SGLang's path,
-        which calls the ``run_*`` methods below."""
+        """Base + LoRA of a plain linear layer in one call: graph batches run the base GEMM
+        and the LoRA shrink side by side (graph-safe), eager batches the base then
+        ``ops.lora_apply``. TP all-reduce and lm_head take SGLang's path, which calls the
+        ``run_*`` methods below."""
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
-        if self.use_graph_path and plain and kwargs.get("pruned_batch_info") is None:
+        if not plain or kwargs.get("pruned_batch_info") is not None:
+            return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
+        if self.use_graph_path:
             return ops.lora_apply_static_with_base(
                 x, lora_a, lora_b, self.graph_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
             )
-        return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
+        # Eager: one call per module (SGLang's path is a shrink call and an expand call
+        # through the layer's own wrapper, each paying the host cost of a lookup).
+        output = base_fn()
+        with _profile_range("vlora.eager_lora"):
+            return ops.lora_apply(x, lora_a, lora_b, self.work_items, [int(o) for o in offsets], output, self.impl)
 
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:

@@ -118,7 +118,7 @@ def build_work_items(
     if permutation is not None and permutation.dtype != torch.int32:
         permutation = permutation.to(torch.int32)  # one kernel variant for every batch (ops._kernel_permutation)
     int_ranks = [int(r) for r in ranks]
-    fields = _to_device([starts, lens, item_slots, row_starts, layers, int_ranks], item_scales, device)
+    fields = packed_to_device([starts, lens, item_slots, row_starts, layers, int_ranks], item_scales, device)
     return WorkItems(
         seg_starts=fields[0],
         seg_lens=fields[1],
@@ -143,7 +143,7 @@ def build_work_items(
 _ALIGN = 4  # int32 entries: every field starts 16-byte aligned
 
 
-def _to_device(int_fields: list[list[int]], floats: list[float], device: torch.device | str) -> list[torch.Tensor]:
+def packed_to_device(int_fields: list[list[int]], floats: list[float], device: torch.device | str) -> list[torch.Tensor]:
     """``int_fields`` as int32 and ``floats`` as float32 tensors on ``device``: views of one
     buffer filled by one copy from pinned host memory (a batch's items are a dozen small
     lists; a copy each cost more host time than the kernels they feed)."""
