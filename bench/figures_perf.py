@@ -102,6 +102,7 @@ def server_lora_time(profile: dict[str, Any], host: dict[str, Any]) -> str:
         f"(csgmv {_ms_span(csgmv_decode)} ms) and {_ms_span(atmm_prefill)} ms per {prompt}-token prefill (csgmv "
         f"{_ms_span(csgmv_prefill)} ms), in {'/'.join(f'{n:.0f}' for n in sorted(launches))} LoRA kernel launches "
         f"a decode step. On the host, one LoRA module call (qkv of Qwen2-VL-7B, rank 64, {us['tokens']} tokens) "
-        f"takes {us['qkv_module_call_us']:.0f} us, {us['two_triton_launches_us']:.0f} of them in its two Triton "
-        f"launches."
+        f"takes {us['qkv_module_call_us']:.0f} us with its batch's prepared launches (the same two kernels through "
+        f"the unprepared launch path: {us['two_triton_launches_us']:.0f} us), and preparing a batch "
+        f"{us['prepare_lora_batch_us']:.0f} us."
     )
