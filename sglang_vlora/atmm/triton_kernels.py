@@ -106,12 +106,7 @@ def _shrink_kernel(
     seg_start = tl.load(seg_starts_ptr + item)
     row_start = tl.load(row_starts_ptr + item)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = offs_m < seg_len
-    tokens = seg_start + offs_m
-    if HAS_PERM:
-        tokens = tl.load(perm_ptr + tokens, mask=m_mask, other=0)
-    tokens = tokens.to(tl.int64)
+    tokens, rows, m_mask = _tile_rows(pid_m, seg_start, row_start, seg_len, perm_ptr, HAS_PERM, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < width
 
@@ -133,7 +128,6 @@ def _shrink_kernel(
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
 
-    rows = (row_start + offs_m).to(tl.int64)
     if EVEN_N:  # columns in [S*r, pool width) get the zeros of masked A rows: vector stores
         mask = m_mask[:, None]
     else:
@@ -142,19 +136,36 @@ def _shrink_kernel(
     if SPLIT_K == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        # Split-K: each split stores an fp32 partial; the last split of this tile to
-        # arrive (per-tile counter) sums the partials in split order, so the result is
-        # deterministic, stores it and re-arms the counter for the next launch.
         part_ptrs = part_ptr + rows[:, None] * stride_pm + offs_n[None, :]
-        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in tl.static_range(SPLIT_K):
-                total += tl.load(part_ptrs + split * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(count_ptr + pid, 0)
+        _store_split(acc, out_ptrs, part_ptrs, count_ptr + pid, pid_k, stride_ps, mask, SPLIT_K)
+
+
+@triton.jit
+def _tile_rows(pid_m, seg_start, row_start, seg_len, perm_ptr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row tile ``pid_m`` of an item: each row's token (through the permutation), its
+    intermediate row, and which rows lie inside the item."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < seg_len
+    tokens = seg_start + offs_m
+    if HAS_PERM:
+        tokens = tl.load(perm_ptr + tokens, mask=m_mask, other=0)
+    return tokens.to(tl.int64), (row_start + offs_m).to(tl.int64), m_mask
+
+
+@triton.jit
+def _store_split(acc, out_ptrs, part_ptrs, count_ptr, pid_k, stride_ps, mask, SPLIT_K: tl.constexpr):
+    """Split-K: each split stores an fp32 partial; the last split of this tile to arrive
+    (per-tile counter) sums the partials in split order, so the result is deterministic,
+    stores it and re-arms the counter for the next launch."""
+    tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if arrived == SPLIT_K - 1:
+        total = tl.zeros(acc.shape, dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):
+            total += tl.load(part_ptrs + split * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(count_ptr, 0)
 
 
 @triton.jit(do_not_specialize=["layer", "off0", "off1", "off2", "off3", "n_tiles", "n_items"])
@@ -216,13 +227,7 @@ def _expand_kernel(
     seg_start = tl.load(seg_starts_ptr + item)
     row_start = tl.load(row_starts_ptr + item)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = offs_m < seg_len
-    tokens = seg_start + offs_m
-    if HAS_PERM:
-        tokens = tl.load(perm_ptr + tokens, mask=m_mask, other=0)
-    tokens = tokens.to(tl.int64)
-    rows = (row_start + offs_m).to(tl.int64)
+    tokens, rows, m_mask = _tile_rows(pid_m, seg_start, row_start, seg_len, perm_ptr, HAS_PERM, BLOCK_M)
     offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hi
     offs_k = tl.arange(0, BLOCK_K)
