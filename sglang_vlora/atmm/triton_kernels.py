@@ -161,7 +161,7 @@ def _store_split(acc, out_ptrs, part_ptrs, count_ptr, pid_k, stride_ps, mask, SP
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
     if arrived == SPLIT_K - 1:
-        total = tl.zeros(acc.shape, dtype=tl.float32)
+        total = tl.zeros_like(acc)
         for split in tl.static_range(SPLIT_K):
             total += tl.load(part_ptrs + split * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
