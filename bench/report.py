@@ -322,7 +322,7 @@ def _targets_met(rows: list[dict]) -> str:
     )
 
 
-@block("kernels-rank64", "kernels_proj.json", "kernels_slices.json")
+@block("kernels-rank64", "kernels_proj_h200.json", "kernels_slices_h200.json")
 def kernels_rank64(proj: dict, slices: dict) -> str:
     """docs/atmm.md: every rank-64 cell, extra time in % of the base GEMM, the best in bold."""
     rows = [r for r in _kernel_rows(proj, slices) if r["rank"] == 64]
@@ -348,7 +348,7 @@ def kernels_rank64(proj: dict, slices: dict) -> str:
     return "\n".join(lines)
 
 
-@block("kernels-ranges", "kernels_proj.json", "kernels_slices.json")
+@block("kernels-ranges", "kernels_proj_h200.json", "kernels_slices_h200.json")
 def kernels_ranges(proj: dict, slices: dict) -> str:
     """docs/atmm.md: the spans over every rank, the targets, and the CUDA C++ comparison."""
     rows = _kernel_rows(proj, slices)

@@ -19,10 +19,7 @@ report.load_renderers()
 # each lacks and the only docs that may quote it. The tests below check the gap is still there,
 # so a re-run that records provenance must remove its entry. Files that predate provenance and
 # that no doc quotes live in bench/results/legacy/.
-UNRECORDED = {
-    "kernels_proj.json": ("no git revision", {"docs/atmm.md"}),
-    "kernels_slices.json": ("no git revision", {"docs/atmm.md"}),
-}
+UNRECORDED: dict[str, tuple[str, set[str]]] = {}
 
 
 def test_docs_figures_equal_what_the_results_files_give() -> None:
