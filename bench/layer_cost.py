@@ -133,8 +133,20 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
                                      items.row_starts, items.layers, 1, items.ranks, None,
                                      [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], tokens, ecfg)
 
+    shrink = triton_kernels.prepare_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots,
+                                           items.row_starts, items.ranks, None, 3, tokens, scfg)
+    expand = triton_kernels.prepare_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
+                                           items.row_starts, items.layers, 1, items.ranks, None,
+                                           [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], tokens, ecfg)
+
+    def prepared_launches() -> None:  # what an eager batch's launch plans run for the 2nd-28th layer
+        shrink(x, a, inter)
+        for launch in expand:
+            launch(inter, b, out)
+
     return {"tokens": tokens, "prepare_lora_batch_us": round(prepare_us, 1),
-            "qkv_module_call_us": round(module_us, 1), "two_triton_launches_us": round(per_call(launches), 1)}
+            "qkv_module_call_us": round(module_us, 1), "two_triton_launches_us": round(per_call(launches), 1),
+            "two_prepared_launches_us": round(per_call(prepared_launches), 1)}
 
 
 def plot(result: list[dict], path: Path) -> None:

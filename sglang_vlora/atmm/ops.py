@@ -413,13 +413,15 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
     which, cfg = _pick("expand", output, dims, impl)
     if which == "cublas":
         return lambda inter, b, out: cublas_ops.expand(inter, b, out, items, list(slice_offsets))
-    args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
-            items.layers, items.num_layers, items.ranks, items.permutation, slice_offsets)
+    item_args = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts, items.layers,
+                 items.num_layers, items.ranks)
     if which == "cuda":
         row_tiles = cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m)
-        return lambda inter, b, out: cuda_ext.launch_expand(inter, b, out, *args[3:], row_tiles, cfg)
+        return lambda inter, b, out: cuda_ext.launch_expand(
+            inter, b, out, *item_args, items.permutation, slice_offsets, row_tiles, cfg
+        )
     rows = min(items.total_rows, output.shape[0])
-    args = (*args[:11], _kernel_permutation(items, output.shape[0]), slice_offsets)
+    args = (inter, b_buffer, output, *item_args, _kernel_permutation(items, output.shape[0]), slice_offsets)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
     _compile_table_configs(
         "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)

@@ -52,7 +52,7 @@ class WorkItems:
     scales: torch.Tensor  # float32 [n_items]
     row_starts: torch.Tensor  # int32 [n_items]
     ranks: torch.Tensor  # int32 [n_slots]
-    permutation: torch.Tensor | None  # int32 [n_tokens] or None (int64 given: converted)
+    permutation: torch.Tensor | None  # int32 (as the backend gives it) or int64 [n_tokens], or None
     seg_starts_host: list[int]
     seg_lens_host: list[int]
     slots_host: list[int]
@@ -115,8 +115,6 @@ def build_work_items(
         total += seg_len
     layers = assign_layers(starts, lens)
 
-    if permutation is not None and permutation.dtype != torch.int32:
-        permutation = permutation.to(torch.int32)  # one kernel variant for every batch (ops._kernel_permutation)
     int_ranks = [int(r) for r in ranks]
     fields = packed_to_device([starts, lens, item_slots, row_starts, layers, int_ranks], item_scales, device)
     return WorkItems(
