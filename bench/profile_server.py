@@ -18,6 +18,11 @@ The trace of each window is summarised (:func:`summarise`): GPU time per kernel 
 window, the host calls that wait for the GPU (synchronisations, blocking copies), and per
 decode step the replay span and the gap to the next step. Writes ``DIR/profile.json`` and
 prints a table; the raw traces stay in ``DIR/traces``.
+
+The profiler's own host overhead distorts host-bound forwards (a prefill of this
+environment's unfused model), so ``--latency N`` also times N requests of each scenario
+one after another without the profiler (median and spread of the client's latency): the
+LoRA cost of one request that does not queue behind others, per system.
 """
 
 from __future__ import annotations
@@ -146,6 +151,17 @@ def run_batch(url: str, payload: dict) -> float:
     return time.perf_counter() - started
 
 
+def latency_ms(url: str, scenario: str, names: list[str] | None, rng: random.Random, count: int) -> dict:
+    """Client latency of ``count`` requests of ``scenario`` sent one after another, unprofiled."""
+    n, prompt, output, adapters = SCENARIOS[scenario]
+    samples = sorted(1000 * run_batch(url, batch_payload(n, prompt, output, adapters, names, rng))
+                     for _ in range(count))
+    def quantile(q: float) -> float:
+        return samples[min(len(samples) - 1, int(q * len(samples)))]
+    return {"count": count, "median": quantile(0.5), "p10": quantile(0.1), "p90": quantile(0.9),
+            "mean": sum(samples) / count}
+
+
 def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
                      rng: random.Random) -> tuple[Path, float]:
     n, prompt, output, adapters = SCENARIOS[scenario]
@@ -251,6 +267,8 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=int, default=2, help="profiled windows per scenario (the last is kept)")
+    ap.add_argument("--latency", type=int, default=0,
+                    help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")
     args = ap.parse_args()
@@ -283,10 +301,13 @@ def main() -> None:
             trace_dir.mkdir(parents=True, exist_ok=True)
             results["systems"][name] = {}
             for scenario in args.scenarios:
+                latency = latency_ms(url, scenario, lora_names, rng, args.latency) if args.latency else None
                 for _ in range(args.repeats):
                     trace, seconds = profile_scenario(url, scenario, lora_names, trace_dir, rng)
                 summary = summarise(load_events(trace), decode=scenario.startswith("decode"))
                 summary["request_s"] = seconds
+                if latency:
+                    summary["latency_ms"] = latency
                 summary["trace"] = str(trace.relative_to(args.out))
                 results["systems"][name][scenario] = summary
                 print(name, scenario, json.dumps(summary)[:400], flush=True)
@@ -307,6 +328,15 @@ def main() -> None:
 
 
 def print_table(results: dict) -> None:
+    floor = results["systems"].get("nolora", {})
+    for system, scenarios in results["systems"].items():
+        for scenario, s in scenarios.items():
+            lat = s.get("latency_ms")
+            if lat:
+                base = floor.get(scenario, {}).get("latency_ms")
+                cost = f" LoRA cost {lat['median'] - base['median']:+.2f}" if base and system != "nolora" else ""
+                print(f"latency {system:8} {scenario:9} median {lat['median']:.2f} ms "
+                      f"(p10 {lat['p10']:.2f}, p90 {lat['p90']:.2f}, n={lat['count']}){cost}")
     cats = ("gemm", "lora", "attention", "copy", "other")
     print(f"{'system':8} {'scenario':9} {'steps':>5} " + " ".join(f"{c:>9}" for c in cats)
           + f" {'busy':>9} {'span':>9} {'period':>9} {'syncs':>6}")
