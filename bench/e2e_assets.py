@@ -1,10 +1,10 @@
 """Models and adapters for the end-to-end benchmark (:mod:`bench.run_e2e`), made locally.
 
 * :func:`tiny_model`: the tiny random Qwen2-VL of :mod:`sglang_vlora.tiny_model` (CPU scale).
-* :func:`qwen2vl_7b_model`: a directory with a Qwen2-VL-7B-shaped ``config.json`` and the tiny
-  model's tokenizer and image processor, for ``--load-format dummy`` (random weights, no
-  checkpoint): the GPU scale. The tokenizer only has to turn prompts into ids; its special
-  token ids are written into the config, so image tokens work as in the real model.
+* :func:`qwen2vl_7b_model`: a directory with a Qwen2-VL-7B-shaped ``config.json``, the tiny
+  model's tokenizer and Qwen2-VL-7B's image-size limits, for ``--load-format dummy`` (random
+  weights, no checkpoint): the GPU scale. The tokenizer only has to turn prompts into ids; its
+  special token ids are written into the config, so image tokens work as in the real model.
 * :func:`adapter_pool`: ``n`` LoRA adapters in PEFT's on-disk format (``adapter_config.json``
   + ``adapter_model.safetensors``) for a model directory, written by a small writer here (no
   peft, no network), optionally with a task head each (:mod:`sglang_vlora.adapters`).
@@ -30,7 +30,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # Labels of the video-understanding head (the head answers the workload's action question).
 ACTIONS = ("walking", "running", "jumping", "sitting", "waving", "cooking")
 HEAD_TASK = "action"
-ASSET_VERSION = 1  # bump when the files written here change
+ASSET_VERSION = 2  # bump when the files written here change
 
 # Qwen2-VL-7B-Instruct's shape (text: Qwen2-7B; vision: 32-layer ViT, 1280 wide).
 QWEN2VL_7B_TEXT = {
@@ -57,6 +57,9 @@ QWEN2VL_7B_VISION = {
     "in_channels": 3,
     "in_chans": 3,
 }
+# Qwen2-VL-7B-Instruct's image processor limits: a 448 px image is 256 visual tokens, 672 px 576.
+# (The tiny model caps images at 112 x 112 px, 16 tokens, to keep CPU tests fast.)
+QWEN2VL_7B_PIXELS = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -100,6 +103,11 @@ def qwen2vl_7b_model(out: Path, tokenizer_from: Path) -> Path:
     for name in TOKENIZER_FILES:
         if (tokenizer_from / name).exists():
             shutil.copyfile(tokenizer_from / name, out / name)
+    processor = json.loads((out / "preprocessor_config.json").read_text())
+    processor.update(QWEN2VL_7B_PIXELS)
+    processor["size"] = {"shortest_edge": QWEN2VL_7B_PIXELS["min_pixels"],
+                         "longest_edge": QWEN2VL_7B_PIXELS["max_pixels"]}
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     marker.write_text(str(ASSET_VERSION))
     return out
 

@@ -126,7 +126,7 @@ GPU_POINTS = {p.id: p for p in (
     Point("vision-uniform", "retrieval", "retrieval, 448/672 px images, uniform", rate=8.0, requests=400,
           top_share=0.25, alpha=0.0),
     Point("video-lm", "video", "video, 2 streams, 6-frame understanding by LM decoding", rate=8.0,
-          requests=400),
+          requests=400, only=("vlora", "csgmv")),  # the heads' comparison: ours and SGLang's default
     Point("video-heads", "video", "video, 2 streams, 6-frame understanding by task heads", rate=8.0,
           requests=400, heads=True, only=("vlora",)),
 )}
