@@ -7,7 +7,8 @@ from typing import Any
 
 from bench.report import block
 
-SYSTEMS = (("nolora", "no LoRA"), ("csgmv", "csgmv"), ("triton", "triton"), ("atmm", "atmm"))
+SYSTEMS = (("nolora", "no LoRA"), ("csgmv", "csgmv"), ("triton", "triton"), ("atmm", "atmm"),
+           ("vlora", "ours, defaults"))
 
 
 def _rows(profile: dict[str, Any], scenarios: tuple[str, ...]) -> list[str]:
@@ -43,6 +44,26 @@ def perf_before(profile: dict[str, Any]) -> str:
 @block("perf-after", "profile_h200.json")
 def perf_after(profile: dict[str, Any]) -> str:
     return _table(profile)
+
+
+@block("perf-latency", "profile_h200.json")
+def perf_latency(profile: dict[str, Any]) -> str:
+    """Unprofiled client latency of one batch at a time (``--latency N``): median (p10-p90)
+    and the median's LoRA cost over the no-LoRA server."""
+    systems = profile["systems"]
+    lines = ["| scenario | system | median ms (p10-p90) | LoRA cost ms (median over the floor's) |",
+             "|---|---|---|---|"]
+    count = 0
+    for scenario in (s for s in ("prefill1", "prefill4", "decode8", "decode32") if s in systems["nolora"]):
+        floor = systems["nolora"][scenario].get("latency_ms")
+        for key, label in SYSTEMS:
+            lat = systems.get(key, {}).get(scenario, {}).get("latency_ms")
+            if not lat or not floor:
+                continue
+            count = lat["count"]
+            cost = "-" if key == "nolora" else f"{lat['median'] - floor['median']:+.1f}"
+            lines.append(f"| {scenario} | {label} | {lat['median']:.1f} ({lat['p10']:.1f}-{lat['p90']:.1f}) | {cost} |")
+    return "\n".join(lines) + f"\n\n{count} requests (batches) per system and scenario, sent one after another."
 
 
 @block("perf-consistency", "layer_cost_h200.json")
