@@ -179,6 +179,7 @@ def build_workload(args: argparse.Namespace) -> list[Request]:
         return workloads.video_analytics(
             args.adapters, args.streams, args.duration, seed=args.seed, head_adapters=args.head_adapters,
             detection_stride=args.detection_stride, output_tokens=caps, max_requests=args.max_requests,
+            chunk_period_s=args.chunk_period,
             frame_size=args.frame_size)
     return workloads.trace_replay(
         args.trace, args.adapters, skew=args.skew, seed=args.seed, rate=args.rate, duration_s=args.duration,
@@ -204,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--streams", type=int, default=1, help="video: cameras")
     parser.add_argument("--head-adapters", nargs="*", default=[], help="video: adapters answering through heads")
     parser.add_argument("--detection-stride", type=int, default=1, help="video: detect on every k-th frame")
+    parser.add_argument("--chunk-period", type=float, default=1.0,
+                        help="video: seconds between a stream's 30-frame chunks")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace: Azure-format CSV")
     parser.add_argument("--max-context-tokens", type=int, default=None, help="trace: cap prompt tokens")
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait after the last arrival")

@@ -213,15 +213,19 @@ def video_analytics(
     output_tokens: Mapping[str, int] | None = None,
     slo_s: float | None = None,
     max_requests: int | None = None,
+    chunk_period_s: float = 1.0,
 ) -> list[Request]:
-    """``streams`` cameras, one 30-frame chunk per second each, for ``duration_s`` seconds.
+    """``streams`` cameras, one 30-frame chunk every ``chunk_period_s`` seconds each, for
+    ``duration_s`` seconds.
 
-    Stream ``s`` starts at a random phase in its first second and uses adapter
+    Stream ``s`` starts at a random phase in its first period and uses adapter
     ``adapters[s % len(adapters)]``. All requests of a chunk arrive when the chunk does."""
     if streams < 1 or not adapters:
         raise ValueError("video analytics needs at least one stream and one adapter")
     if detection_stride < 1:
         raise ValueError(f"detection_stride must be >= 1, got {detection_stride}")
+    if chunk_period_s <= 0:
+        raise ValueError(f"chunk_period_s must be > 0, got {chunk_period_s}")
     unknown = sorted(set(head_adapters) - set(adapters))
     if unknown:
         raise ValueError(f"head adapters {unknown} are not among the workload's adapters")
@@ -234,8 +238,8 @@ def video_analytics(
     for s in range(streams):
         adapter = adapters[s % len(adapters)]
         scene = make_image(rng, frame_size)
-        for chunk in range(math.ceil(duration_s - phases[s])):
-            t = float(phases[s] + chunk)
+        for chunk in range(math.ceil(duration_s / chunk_period_s - phases[s])):
+            t = float((phases[s] + chunk) * chunk_period_s)
             # Frames of a chunk: the scene panning by one pixel per frame.
             frames = [np.roll(scene, chunk * FRAMES_PER_CHUNK + f, axis=1) for f in range(FRAMES_PER_CHUNK)]
             uris: dict[int, str] = {}

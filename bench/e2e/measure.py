@@ -49,15 +49,17 @@ def own_requests(point: Point, adapters: Sequence[str], seed: int, lora: bool) -
                                           alpha=point.alpha, seed=seed, output_tokens=caps,
                                           max_requests=point.requests, image_sizes=point.image_sizes)
     elif point.client == "video":
-        # Each stream sends (30 / stride) detections + 1 understanding per second: the
-        # streams and the stride set the rate.
+        # Each stream sends (30 / stride) detections + 1 understanding per chunk: the streams,
+        # the stride and the chunk period set the rate.
         names = list(adapters[: point.streams]) or list(adapters)
-        per_s = point.streams * (-(-workloads.FRAMES_PER_CHUNK // point.detection_stride) + 1)
+        per_chunk = -(-workloads.FRAMES_PER_CHUNK // point.detection_stride) + 1
+        per_s = point.streams * per_chunk / point.chunk_s
         duration = min(point.max_duration_s, point.requests / per_s + 2.0)
         reqs = workloads.video_analytics(names, point.streams, duration, seed=seed,
                                          head_adapters=names if point.heads else (),
                                          detection_stride=point.detection_stride, frame_size=point.frame_size,
-                                         output_tokens=caps, max_requests=point.requests)
+                                         output_tokens=caps, max_requests=point.requests,
+                                         chunk_period_s=point.chunk_s)
     else:
         raise ValueError(f"point {point.id}: {point.client!r} points are run by SGLang's client")
     for r in reqs:

@@ -109,6 +109,15 @@ def test_video_chunks_streams_and_heads():
     assert np.allclose(np.diff(stream0), 1.0)
 
 
+def test_video_chunk_period_spaces_the_chunks():
+    reqs = workloads.video_analytics(["a8"], streams=1, duration_s=10, seed=1, detection_stride=30,
+                                     frame_size=56, chunk_period_s=2.0)
+    arrivals = sorted({r.arrival_s for r in reqs})
+    assert np.allclose(np.diff(arrivals), 2.0) and len(arrivals) == 5  # a chunk every 2 s for 10 s
+    assert arrivals[0] < 2.0 and arrivals[-1] < 10.0
+    assert len(reqs) == 2 * 5  # one detection (stride 30) + one understanding per chunk
+
+
 def test_video_rejects_bad_input():
     with pytest.raises(ValueError, match="not among"):
         workloads.video_analytics(["a8"], streams=1, duration_s=1, head_adapters=["zz"])
@@ -116,6 +125,8 @@ def test_video_rejects_bad_input():
         workloads.video_analytics(["a8"], streams=1, duration_s=1, detection_stride=0)
     with pytest.raises(ValueError, match="unknown task"):
         workloads.video_analytics(["a8"], streams=1, duration_s=1, output_tokens={"nope": 2})
+    with pytest.raises(ValueError, match="chunk_period_s"):
+        workloads.video_analytics(["a8"], streams=1, duration_s=1, chunk_period_s=0)
 
 
 def write(path: Path, text: str) -> Path:
