@@ -22,7 +22,11 @@ prints a table; the raw traces stay in ``DIR/traces``.
 The profiler's own host overhead distorts host-bound forwards (a prefill of this
 environment's unfused model), so ``--latency N`` also times N requests of each scenario
 one after another without the profiler (median and spread of the client's latency): the
-LoRA cost of one request that does not queue behind others, per system.
+LoRA cost of one request that does not queue behind others, per system. For plugin
+systems the orchestrator's cost model (``/vlora/status``) is read after the scenarios and
+its iteration fits are evaluated at each scenario's batch, next to the profile's time for
+the same batch (``cost_model_check``): the fits are measured while serving, the profile
+by the profiler, and the two should agree within 25%.
 """
 
 from __future__ import annotations
@@ -260,6 +264,30 @@ def summarise(events: list[dict], decode: bool) -> dict:
     }
 
 
+def cost_model_check(status: dict, profiled: dict) -> dict:
+    """The orchestrator's fitted iteration time per mode at each profiled scenario's batch
+    (a prefill forward of its prompt tokens, or a decode step of its requests) against the
+    profile's forward span (prefill) or step period (decode), in milliseconds."""
+    model = status.get("orchestrator", {}).get("cost_model", {})
+    fits = model.get("iteration_fits", {})
+    rows = {}
+    for scenario, summary in profiled.items():
+        n, prompt, _, _ = SCENARIOS[scenario]
+        decode = scenario.startswith("decode")
+        measured = summary.get("period_us") if decode else summary.get("span_us_per_step")
+        tokens, requests = (0, n) if decode else (n * prompt, 0)
+        for mode, fit in fits.items():
+            predicted = (fit.get("fixed_s", 0.0) + fit.get("prefill_token_s", 0.0) * tokens
+                         + fit.get("decode_request_s", 0.0) * requests
+                         + (fit.get("prefill_forward_s", 0.0) if tokens else 0.0))
+            rows[f"{scenario}/{mode}"] = {
+                "samples": fit.get("samples"), "fit_ms": 1e3 * predicted,
+                "profile_ms": None if measured is None else measured / 1e3,
+                "fit_over_profile": None if not measured else 1e6 * predicted / measured,
+            }
+    return {"cost_model": model, "rows": rows}
+
+
 # ------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,7 +314,7 @@ def main() -> None:
         log = args.out / f"server_{name}.log"
         servers[name] = (f"http://127.0.0.1:{port}",
                          start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra)))
-    results: dict = {"systems": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
+    results: dict = {"systems": {}, "cost_model": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
                                                               strict=True)) for k, v in SCENARIOS.items()}}
     try:
         for url, process in servers.values():
@@ -311,6 +339,9 @@ def main() -> None:
                 summary["trace"] = str(trace.relative_to(args.out))
                 results["systems"][name][scenario] = summary
                 print(name, scenario, json.dumps(summary)[:400], flush=True)
+            if "--plugin" in SYSTEMS[name]:
+                status = httpx.get(url + "/vlora/status", timeout=30).json()
+                results["cost_model"][name] = cost_model_check(status, results["systems"][name])
     finally:
         for _, process in servers.values():
             try:
@@ -328,6 +359,11 @@ def main() -> None:
 
 
 def print_table(results: dict) -> None:
+    for system, check in results.get("cost_model", {}).items():
+        for key, row in check["rows"].items():
+            ratio = row["fit_over_profile"]
+            print(f"cost model {system:8} {key:18} fit {row['fit_ms']:8.2f} ms ({row['samples']} samples), profile "
+                  f"{row['profile_ms'] or 0:8.2f} ms, fit/profile {ratio if ratio is None else round(ratio, 2)}")
     floor = results["systems"].get("nolora", {})
     for system, scenarios in results["systems"].items():
         for scenario, s in scenarios.items():
