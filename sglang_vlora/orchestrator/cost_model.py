@@ -10,10 +10,10 @@ Schema ``sglang-vlora/cost-model/v1``::
       "schema": "sglang-vlora/cost-model/v1",
       "measured_on": "free text: device, model, tool, date",          (optional)
       "token_latency_s": {
-        "merge":   {"prefill_token": 2.0e-5, "decode_step": 0.0110},
-        "mixture": {"prefill_token": 2.3e-5, "decode_step": 0.0118},
-        "unmerge": {"prefill_token": 2.9e-5, "decode_step": 0.0135}
-      },
+        "merge":   {"prefill_forward": 0.050, "prefill_token": 2.0e-5, "decode_step": 0.0110},
+        "mixture": {"prefill_forward": 0.052, "prefill_token": 2.3e-5, "decode_step": 0.0118},
+        "unmerge": {"prefill_forward": 0.055, "prefill_token": 2.9e-5, "decode_step": 0.0135}
+      },                                           (each prefill_forward optional)
       "switch_s": {
         "merge":   [{"rank": 16, "layers": 32, "seconds": 0.0029}, ...],
         "unmerge": [{"rank": 16, "layers": 32, "seconds": 0.0029}, ...],
@@ -22,12 +22,15 @@ Schema ``sglang-vlora/cost-model/v1``::
     }
 
 ``prefill_token`` is the marginal cost of one prompt token in a prefill (the slope of
-prefill time against prompt tokens, not a whole iteration divided by its tokens);
-``decode_step`` the time of one decode iteration (each request in it gains one token),
-both measured in the given mode at the serving batch size. ``switch_s`` lists measured
-mode switches of one adapter over ``layers`` LoRA-targeted decoder layers: ``merge``
-folds an adapter into clean weights, ``unmerge`` takes it out, ``fused`` goes from
-adapter a to adapter b in one pass and is keyed by the stacked rank ``r_a + r_b``.
+prefill time against prompt tokens, not a whole iteration divided by its tokens) and
+``prefill_forward`` the fixed time of one prefill forward (the intercept of that line:
+an eager prefill forward's fixed cost is far above a graph-replayed decode step's and
+nearly independent of its tokens; 0 when absent); ``decode_step`` the time of one
+decode iteration (each request in it gains one token); all measured in the given mode
+at the serving batch size. ``switch_s`` lists measured mode switches of one adapter over
+``layers`` LoRA-targeted decoder layers: ``merge`` folds an adapter into clean weights,
+``unmerge`` takes it out, ``fused`` goes from adapter a to adapter b in one pass and is
+keyed by the stacked rank ``r_a + r_b``.
 
 Each switch kind is fitted as ``seconds = layers * (per_layer + rank * per_layer_rank)``
 (least squares, both coefficients kept non-negative): folding a delta reads and writes
@@ -94,6 +97,7 @@ class CostModel:
     """Per-mode token latencies and switch times for a model with ``layers`` LoRA layers."""
 
     prefill_token_s: Mapping[Mode, float]
+    prefill_forward_s: Mapping[Mode, float]
     decode_step_s: Mapping[Mode, float]
     merge: SwitchFit
     unmerge: SwitchFit
@@ -102,9 +106,17 @@ class CostModel:
     source: str
 
     def exec_s(self, request: Request, mode: Mode) -> float:
-        """Expected time to finish ``request`` if it runs in ``mode`` from now on."""
+        """Expected time to finish ``request`` if it runs in ``mode`` from now on.
+
+        A request with prompt tokens left is charged one prefill forward's fixed cost on
+        top of its tokens. That is an upper bound when several requests share a forward:
+        each of them is charged the whole fixed cost. (A prompt chunked over several
+        forwards is still charged one.)
+        """
+        prefill = request.remaining_prefill_tokens
         return (
-            request.remaining_prefill_tokens * self.prefill_token_s[mode]
+            (self.prefill_forward_s[mode] if prefill > 0 else 0.0)
+            + prefill * self.prefill_token_s[mode]
             + request.remaining_decode_steps * self.decode_step_s[mode]
         )
 
@@ -134,13 +146,13 @@ class CostModel:
         if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
             raise CostModelError(f'{source}: expected a JSON object with "schema": "{SCHEMA}"')
         latency = _field(data, "token_latency_s", Mapping, source)
-        prefill, decode = {}, {}
+        prefill, forward, decode = {}, {}, {}
         for mode in Mode:
             entry = _field(latency, mode.value, Mapping, f"{source}: token_latency_s")
-            prefill[mode] = _seconds(
-                entry.get("prefill_token"), f"{source}: token_latency_s.{mode}.prefill_token"
-            )
-            decode[mode] = _seconds(entry.get("decode_step"), f"{source}: token_latency_s.{mode}.decode_step")
+            where = f"{source}: token_latency_s.{mode}"
+            prefill[mode] = _seconds(entry.get("prefill_token"), f"{where}.prefill_token")
+            forward[mode] = _seconds(entry.get("prefill_forward", 0.0), f"{where}.prefill_forward")
+            decode[mode] = _seconds(entry.get("decode_step"), f"{where}.decode_step")
         switch = _field(data, "switch_s", Mapping, source)
         unknown = sorted(set(switch) - set(SWITCH_KINDS))
         if unknown:
@@ -153,6 +165,7 @@ class CostModel:
                 raise CostModelError(f"{source}: switch_s.{kind} is required")
         return cls(
             prefill,
+            forward,
             decode,
             fits["merge"],
             fits["unmerge"],
@@ -197,10 +210,13 @@ class MeasuredCosts:
     :meth:`snapshot` turns the last ``window`` of each into a :class:`CostModel`:
 
     * per mode, :class:`~sglang_vlora.orchestrator.iteration_fit.IterationFit` fits
-      ``seconds = fixed + per_token * prefill_tokens + per_request * decode_requests``;
-      ``prefill_token`` is the fitted per-token cost (the marginal cost of one more
-      prompt token), ``decode_step`` the fitted time of a decode iteration at the mode's
-      mean decode batch (what each request in it waits for one token);
+      ``seconds = fixed + prefill_forward * [prefill_tokens > 0] + per_token *
+      prefill_tokens + per_request * decode_requests``; ``prefill_token`` is the fitted
+      per-token cost (the marginal cost of one more prompt token), ``prefill_forward``
+      the fixed time of a prefill forward (``fixed + prefill_forward``: the fit at zero
+      tokens, as the file schema's intercept), ``decode_step`` the fitted time of a
+      decode iteration at the mode's mean decode batch (what each request in it waits
+      for one token);
     * a mode not measured yet (or without a prefill / decode sample) is charged the
       slowest measured mode's figure (the estimate errs towards serving a request
       sooner), and before anything is measured execution costs 0 (credit = waiting time
@@ -225,7 +241,8 @@ class MeasuredCosts:
         self._unfitted = dict.fromkeys(Mode, 0)  # iterations recorded since the mode's last fit
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
-        self._figures: dict[Mode, tuple[float | None, float | None]] = {}  # per mode: prefill_token, decode_step
+        # per mode: (prefill_token, prefill_forward) if it ran a prefill, decode_step if it ran a decode step
+        self._figures: dict[Mode, tuple[tuple[float, float] | None, float | None]] = {}
 
     def record_iteration(self, mode: Mode, prefill_tokens: int, decode_requests: int, seconds: float) -> None:
         """One timed forward iteration: ``prefill_tokens`` new prompt tokens (0 for a decode
@@ -261,13 +278,15 @@ class MeasuredCosts:
             for mode, points in self._iterations.items():
                 if points and self._due(mode):
                     self._refit(mode)
-            prefill = {m: p for m, (p, _) in self._figures.items() if p is not None}
+            prefill = {m: p[0] for m, (p, _) in self._figures.items() if p is not None}
+            forward = {m: p[1] for m, (p, _) in self._figures.items() if p is not None}
             decode = {m: d for m, (_, d) in self._figures.items() if d is not None}
             fits = {kind: SwitchFit.fit(list(pts)) for kind, pts in self._switch.items() if pts}
             free = SwitchFit(0.0, 0.0)
             merge = fits.get("merge", fits.get("unmerge", free))
             self._snapshot = CostModel(
                 _fill_modes(prefill),
+                _fill_modes(forward),
                 _fill_modes(decode),
                 merge,
                 fits.get("unmerge", merge),
@@ -278,13 +297,14 @@ class MeasuredCosts:
         return self._snapshot
 
     def _refit(self, mode: Mode) -> None:
-        """The mode's fit, its per-token prefill cost (if it ran a prefill) and its decode
-        step at its mean decode batch (if it ran a decode step)."""
+        """The mode's fit, its per-token and fixed prefill costs (if it ran a prefill) and
+        its decode step at its mean decode batch (if it ran a decode step)."""
         points = list(self._iterations[mode])
         fit = IterationFit.fit(points)
         self.fits[mode] = fit
         self._unfitted[mode] = 0
-        prefill = fit.prefill_token_s if any(tokens for tokens, _, _ in points) else None
+        ran_prefill = any(tokens for tokens, _, _ in points)
+        prefill = (fit.prefill_token_s, fit.fixed_s + fit.prefill_forward_s) if ran_prefill else None
         decoding = [requests for tokens, requests, _ in points if requests and not tokens]
         decode = fit.seconds(0, round(sum(decoding) / len(decoding))) if decoding else None
         self._figures[mode] = (prefill, decode)

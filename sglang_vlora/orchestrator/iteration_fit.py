@@ -1,5 +1,6 @@
-"""An iteration's time as a line in its work: ``fixed + per_token * prefill tokens +
-per_request * decode requests``, fitted by non-negative least squares.
+"""An iteration's time as a line in its work: ``fixed + prefill_forward * [it runs a
+prefill] + per_token * prefill tokens + per_request * decode requests``, fitted by
+non-negative least squares.
 
 Why a fit and not a ratio: an iteration has a fixed part (launches, sampling, the
 scheduler's own work, attention setup) that does not shrink with the tokens in it.
@@ -11,8 +12,17 @@ microseconds. The fit separates
 the two, and mixed batches (prefill chunks with decoding requests riding along) feed
 both terms.
 
-Pure Python (no numpy): three unknowns, so every subset of them is solved from the
-normal equations and the best non-negative solution is kept.
+Why a fixed term of its own for an iteration that runs a prefill: a decode step is
+usually a CUDA-graph replay with a small fixed cost, while any prefill forward runs
+eagerly, launch by launch, with a fixed cost several times larger and nearly independent
+of its tokens (host-bound: on an H200 a 43-token prefill took about 60 ms, a 1024-token
+one 70-80 ms, a decode step 8 ms). With one fixed term shared by both, a workload of
+short prompts pushed the prefill forward's fixed cost into the per-token slope (1.4e-3 s
+per token, where the marginal cost is tens of microseconds).
+
+Pure Python (no numpy): four unknowns, so every subset of them is solved from the
+normal equations and the best non-negative solution is kept (the least squares solution
+with non-negative coefficients is the unconstrained one on some subset of the unknowns).
 """
 
 from __future__ import annotations
@@ -24,26 +34,40 @@ from dataclasses import dataclass
 
 Sample = tuple[int, int, float]  # (prefill tokens, decode requests, seconds)
 
-# Subsets of (fixed, per_token, per_request), most informative first: on an exact tie
-# (e.g. every sample has the same prefill size) the per-token / per-request terms win
-# over the fixed one, so a constant workload still gets a marginal cost.
-_SUBSETS = [
-    (0, 1, 2), (1, 2), (0, 1), (0, 2), (1,), (2,), (0,),
-]
+# Unknowns, in this order: fixed, prefill_forward, per_token, per_request.
+_TERMS = 4
+_FIXED_TERMS = (0, 1)
+# Every non-empty subset of the unknowns, tried in this order; a later subset replaces an
+# earlier one only if it fits strictly better, so on an exact tie the earlier one wins:
+# larger subsets first, then those with fewer fixed terms (a marginal per-token /
+# per-request term wins over a fixed one, so a constant workload still gets a marginal
+# cost), then by index (the shared fixed term before the prefill forward's: when every
+# iteration runs a prefill the two cannot be told apart and the shared one takes it).
+_SUBSETS = sorted(
+    (s for size in range(_TERMS, 0, -1) for s in itertools.combinations(range(_TERMS), size)),
+    key=lambda s: (-len(s), sum(i in _FIXED_TERMS for i in s), s),
+)
 _OUTLIER_MADS = 4.0  # a sample this many scaled median absolute residuals off is dropped
 
 
 @dataclass(frozen=True)
 class IterationFit:
-    """``seconds = fixed_s + prefill_token_s * tokens + decode_request_s * requests``."""
+    """``seconds = fixed_s + prefill_forward_s * [tokens > 0] + prefill_token_s * tokens
+    + decode_request_s * requests``."""
 
     fixed_s: float
+    prefill_forward_s: float  # on top of fixed_s, in an iteration with prefill tokens
     prefill_token_s: float
     decode_request_s: float
     samples: int  # samples the fit kept (outliers dropped)
 
     def seconds(self, prefill_tokens: int, decode_requests: int) -> float:
-        return self.fixed_s + self.prefill_token_s * prefill_tokens + self.decode_request_s * decode_requests
+        return (
+            self.fixed_s
+            + (self.prefill_forward_s if prefill_tokens > 0 else 0.0)
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_request_s * decode_requests
+        )
 
     @classmethod
     def fit(cls, samples: Sequence[Sample]) -> IterationFit | None:
@@ -72,39 +96,40 @@ def _regimes(samples: Sequence[Sample]) -> tuple[bool, bool, bool]:
 
 
 def _nnls(samples: Sequence[Sample]) -> IterationFit:
+    # Each column scaled by its largest value, so the elimination's tolerance means the
+    # same for a token count in the thousands as for the 0 / 1 prefill indicator.
+    scale = (1.0, 1.0, float(max(t for t, _, _ in samples) or 1), float(max(r for _, r, _ in samples) or 1))
     # Normal equations in one pass over the samples (the fit runs in the scheduler's loop).
-    s_t = s_r = s_tt = s_tr = s_rr = s_y = s_ty = s_ry = yy = 0.0
+    gram = [[0.0] * _TERMS for _ in range(_TERMS)]
+    moment = [0.0] * _TERMS
+    yy = 0.0
     for tokens, requests, seconds in samples:
-        s_t += tokens
-        s_r += requests
-        s_tt += tokens * tokens
-        s_tr += tokens * requests
-        s_rr += requests * requests
-        s_y += seconds
-        s_ty += tokens * seconds
-        s_ry += requests * seconds
+        x = (1.0, 1.0 if tokens else 0.0, tokens / scale[2], requests / scale[3])
+        for i in range(_TERMS):
+            moment[i] += x[i] * seconds
+            for j in range(i, _TERMS):
+                gram[i][j] += x[i] * x[j]
         yy += seconds * seconds
-    n = float(len(samples))
-    scale = [1.0, max(t for t, _, _ in samples) or 1.0, max(r for _, r, _ in samples) or 1.0]
-    raw_gram = [[n, s_t, s_r], [s_t, s_tt, s_tr], [s_r, s_tr, s_rr]]
-    gram = [[raw_gram[i][j] / (scale[i] * scale[j]) for j in range(3)] for i in range(3)]
-    moment = [s_y / scale[0], s_ty / scale[1], s_ry / scale[2]]
+    for i in range(_TERMS):
+        for j in range(i):
+            gram[i][j] = gram[j][i]
     best: tuple[float, list[float]] | None = None
     for subset in _SUBSETS:
         coef = _solve([[gram[i][j] for j in subset] for i in subset], [moment[i] for i in subset])
         if coef is None or min(coef) < 0:
             continue
-        full = [0.0, 0.0, 0.0]
+        full = [0.0] * _TERMS
         for i, c in zip(subset, coef, strict=True):
             full[i] = c
         # ||y - Xb||^2 = y'y - 2 b'X'y + b'X'Xb
         sse = yy - 2 * sum(b * m for b, m in zip(full, moment, strict=True)) + sum(
-            full[i] * gram[i][j] * full[j] for i, j in itertools.product(range(3), repeat=2)
+            full[i] * gram[i][j] * full[j] for i, j in itertools.product(range(_TERMS), repeat=2)
         )
         if best is None or sse < best[0] - 1e-12 * max(yy, 1e-30):
             best = (sse, full)
-    coef = best[1] if best is not None else [0.0, 0.0, 0.0]
-    return IterationFit(coef[0] / scale[0], coef[1] / scale[1], coef[2] / scale[2], len(samples))
+    coef = best[1] if best is not None else [0.0] * _TERMS
+    fixed, forward, per_token, per_request = (c / s for c, s in zip(coef, scale, strict=True))
+    return IterationFit(fixed, forward, per_token, per_request, len(samples))
 
 
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:

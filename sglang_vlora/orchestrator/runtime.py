@@ -371,6 +371,7 @@ def _cost_report(cost: CostModel, measured: MeasuredCosts | None) -> dict[str, A
     report: dict[str, Any] = {
         "source": cost.source,
         "prefill_token_s": {m.value: v for m, v in cost.prefill_token_s.items()},
+        "prefill_forward_s": {m.value: v for m, v in cost.prefill_forward_s.items()},
         "decode_step_s": {m.value: v for m, v in cost.decode_step_s.items()},
         "switch_s": {
             kind: {"per_layer_s": fit.per_layer_s, "per_layer_rank_s": fit.per_layer_rank_s}
@@ -382,6 +383,7 @@ def _cost_report(cost: CostModel, measured: MeasuredCosts | None) -> dict[str, A
         report["iteration_fits"] = {
             mode.value: {
                 "fixed_s": fit.fixed_s,
+                "prefill_forward_s": fit.prefill_forward_s,
                 "prefill_token_s": fit.prefill_token_s,
                 "decode_request_s": fit.decode_request_s,
                 "samples": fit.samples,

@@ -43,6 +43,23 @@ def test_execution_time_counts_remaining_prefill_and_decode():
     )
 
 
+def test_a_prefill_forward_is_charged_only_while_prompt_tokens_are_left():
+    data = measured()
+    data["token_latency_s"]["mixture"]["prefill_forward"] = 0.05
+    model = cost_model(data)
+    latency = data["token_latency_s"]["mixture"]
+    prefilling = req("r", "a", prompt=100, out=10, prefilled=40, done=0)
+    assert model.exec_s(prefilling, Mode.MIXTURE) == pytest.approx(
+        0.05 + 60 * latency["prefill_token"] + 10 * latency["decode_step"]
+    )
+    decoding = req("r", "a", prompt=100, out=10, prefilled=100, done=3)
+    assert model.exec_s(decoding, Mode.MIXTURE) == pytest.approx(7 * latency["decode_step"])
+    merge = data["token_latency_s"]["merge"]  # no prefill_forward: 0
+    assert model.exec_s(prefilling, Mode.MERGE) == pytest.approx(
+        60 * merge["prefill_token"] + 10 * merge["decode_step"]
+    )
+
+
 def test_switch_costs_follow_the_weights():
     model = cost_model()
     merge_a = model.merge.seconds(16, LAYERS)
@@ -83,6 +100,18 @@ def test_file_round_trip(tmp_path):
     model = CostModel.from_file(path, LAYERS)
     assert model == cost_model()
     assert model.source == "test data"
+    assert model.prefill_forward_s == dict.fromkeys(Mode, 0.0)  # a file without prefill_forward
+
+
+def test_file_with_prefill_forward(tmp_path):
+    data = measured()
+    for mode, seconds in (("merge", 0.050), ("mixture", 0.052), ("unmerge", 0.055)):
+        data["token_latency_s"][mode]["prefill_forward"] = seconds
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(data))
+    model = CostModel.from_file(path, LAYERS)
+    assert model.prefill_forward_s == {Mode.MERGE: 0.050, Mode.MIXTURE: 0.052, Mode.UNMERGE: 0.055}
+    assert model.prefill_token_s == cost_model().prefill_token_s
 
 
 def _broken(mutate):
@@ -103,6 +132,14 @@ def _broken(mutate):
         (
             _broken(lambda d: d["token_latency_s"]["merge"].update(prefill_token=float("inf"))),
             "prefill_token",
+        ),
+        (
+            _broken(lambda d: d["token_latency_s"]["unmerge"].update(prefill_forward=-0.05)),
+            r"unmerge.prefill_forward: expected a finite number of seconds >= 0, got -0.05",
+        ),
+        (
+            _broken(lambda d: d["token_latency_s"]["merge"].update(prefill_forward="50 ms")),
+            "merge.prefill_forward",
         ),
         (_broken(lambda d: d["switch_s"].pop("unmerge")), "unmerge is required"),
         (_broken(lambda d: d["switch_s"].update(swap=[])), "unknown switch kinds"),

@@ -1,8 +1,10 @@
 """The cost model a server measures while serving (fake clock, fixed batches), and a
 request's application / SLO."""
 
+import itertools
 import random
 
+import numpy as np
 import pytest
 
 from sglang_vlora.orchestrator import CostModelError, MeasuredCosts, Mode, OutputLengths
@@ -18,41 +20,49 @@ def test_before_anything_is_measured_execution_and_switches_cost_nothing():
     assert cost.switch_s((Mode.UNMERGE, None), (Mode.MERGE, "a"), {"a": 16}) == 0
 
 
-# A made-up server: 4 ms per iteration, 20 us per prefill token, 0.1 ms per decoding
-# request in unmerge; merge is 25% cheaper per token and per request.
-TRUE = {
-    Mode.UNMERGE: (0.004, 2.0e-5, 1.0e-4),
-    Mode.MERGE: (0.004, 1.5e-5, 0.75e-4),
+# A made-up server: 4 ms per iteration, 20 ms more for one that runs a prefill (an eager
+# forward, where a decode step replays a graph), 20 us per prefill token, 0.1 ms per
+# decoding request in unmerge; merge is 25% cheaper per token and per request and its
+# prefill forward 2 ms cheaper.
+TRUE = {  # (fixed, prefill_forward, per_token, per_request)
+    Mode.UNMERGE: (0.004, 0.020, 2.0e-5, 1.0e-4),
+    Mode.MERGE: (0.004, 0.018, 1.5e-5, 0.75e-4),
 }
 
 
 def seconds(mode: Mode, tokens: int, requests: int) -> float:
-    fixed, per_token, per_request = TRUE[mode]
-    return fixed + per_token * tokens + per_request * requests
+    fixed, forward, per_token, per_request = TRUE[mode]
+    return fixed + (forward if tokens else 0.0) + per_token * tokens + per_request * requests
 
 
-# Fixed batches as a server sees them: big prefills, prefix-cache hits and last chunks of
-# a few tokens, mixed chunks with decoding requests riding along, decode steps of 4-16.
-BATCHES = [(1024, 0), (5, 0), (37, 3), (512, 8), (0, 4), (0, 8), (0, 16), (3, 0), (2048, 0), (0, 12)]
+# Fixed batches as a server sees them: big prefills, short prompts, prefix-cache hits and
+# last chunks of a few tokens, mixed chunks with decoding requests riding along, decode
+# steps of 4-16.
+BATCHES = [
+    (1024, 0), (5, 0), (37, 3), (512, 8), (0, 4), (0, 8), (0, 16), (3, 0), (2048, 0), (0, 12),
+    (40, 0), (64, 0), (80, 0), (48, 2),
+]
 
 
 def test_per_token_prefill_is_the_slope_not_iteration_time_over_tokens():
     """Dividing iteration time by prefill tokens charges the fixed part to every token: a
-    5-token prefill would read 8e-4 s per token. The fit recovers the true 2e-5."""
+    5-token prefill would read 5e-3 s per token. The fit recovers the true 2e-5, and the
+    fixed cost of a prefill forward apart from a decode step's."""
     costs = MeasuredCosts(LAYERS, refit_every=1)
     for mode in TRUE:
         for tokens, requests in BATCHES:
             costs.record_iteration(mode, tokens, requests, seconds(mode, tokens, requests))
     cost = costs.snapshot()
-    for mode, (fixed, per_token, per_request) in TRUE.items():
+    for mode, (fixed, forward, per_token, per_request) in TRUE.items():
         assert cost.prefill_token_s[mode] == pytest.approx(per_token, rel=1e-6)
+        assert cost.prefill_forward_s[mode] == pytest.approx(fixed + forward, rel=1e-6)
         mean_decode_batch = round((4 + 8 + 16 + 12) / 4)
         assert cost.decode_step_s[mode] == pytest.approx(fixed + per_request * mean_decode_batch, rel=1e-6)
         fit = costs.fits[mode]
-        assert (fit.fixed_s, fit.prefill_token_s, fit.decode_request_s) == pytest.approx(
-            (fixed, per_token, per_request), rel=1e-6
-        )
+        coefficients = (fit.fixed_s, fit.prefill_forward_s, fit.prefill_token_s, fit.decode_request_s)
+        assert coefficients == pytest.approx((fixed, forward, per_token, per_request), rel=1e-6)
     assert cost.prefill_token_s[Mode.MIXTURE] == cost.prefill_token_s[Mode.UNMERGE]  # unmeasured: the slowest
+    assert cost.prefill_forward_s[Mode.MIXTURE] == cost.prefill_forward_s[Mode.UNMERGE]
 
 
 def test_outliers_and_noise_do_not_move_the_fit_far():
@@ -67,8 +77,56 @@ def test_outliers_and_noise_do_not_move_the_fit_far():
     costs.snapshot()
     fit = costs.fits[Mode.UNMERGE]
     assert fit.prefill_token_s == pytest.approx(2.0e-5, rel=0.05)
+    assert fit.prefill_forward_s == pytest.approx(0.020, rel=0.05)
     assert fit.seconds(0, 8) == pytest.approx(seconds(Mode.UNMERGE, 0, 8), rel=0.05)
+    assert fit.seconds(60, 0) == pytest.approx(seconds(Mode.UNMERGE, 60, 0), rel=0.05)
     assert fit.samples < 200  # the stalls were dropped
+
+
+def test_a_prefill_forwards_fixed_cost_stays_out_of_the_per_token_cost():
+    """The case measured on an H200: decode steps replay a graph in about 8 ms (+0.1 ms per
+    request), a prefill forward runs eagerly in about 60 ms for 40-80 tokens and 75 ms for
+    1024. With one fixed term for both, the prefill forward's fixed cost goes into the
+    slope; its own term keeps the slope at the marginal cost."""
+    fixed, forward, per_token, per_request = 0.008, 0.052, 1.5e-5, 1.0e-4
+    rng = random.Random(2)
+    samples = []
+    for i in range(256):
+        if i % 64 == 10:
+            tokens, requests = 1024, 0
+        elif i % 4 == 0:
+            tokens, requests = rng.randint(40, 80), 0
+        else:
+            tokens, requests = 0, rng.randint(1, 16)
+        value = fixed + (forward if tokens else 0.0) + per_token * tokens + per_request * requests
+        stall = 0.05 if i % 41 == 7 else 0.0
+        samples.append((tokens, requests, value * rng.uniform(0.99, 1.01) + stall))
+    costs = MeasuredCosts(LAYERS)
+    for tokens, requests, value in samples:
+        costs.record_iteration(Mode.UNMERGE, tokens, requests, value)
+    cost = costs.snapshot()
+    assert cost.prefill_token_s[Mode.UNMERGE] == pytest.approx(per_token, rel=0.25)
+    prefill_1024 = cost.prefill_forward_s[Mode.UNMERGE] + 1024 * cost.prefill_token_s[Mode.UNMERGE]
+    assert prefill_1024 == pytest.approx(fixed + forward + 1024 * per_token, rel=0.25)
+    assert costs.fits[Mode.UNMERGE].seconds(1024, 0) == pytest.approx(prefill_1024)
+    old = _one_fixed_term_fit(samples)  # the same samples fail both bounds without the term
+    assert old[1] > 3 * per_token and old @ [1.0, 1024, 0] > 1.25 * (fixed + forward + 1024 * per_token)
+
+
+def _one_fixed_term_fit(samples: list[tuple[int, int, float]]) -> np.ndarray:
+    """The model before the prefill forward's term: ``(fixed, per_token, per_request)`` by
+    non-negative least squares (the best non-negative least squares fit over subsets of
+    the columns), without the outlier refit."""
+    x = np.array([[1.0, t, r] for t, r, _ in samples])
+    y = np.array([s for *_, s in samples])
+    fits = []
+    for size in (1, 2, 3):
+        for subset in itertools.combinations(range(3), size):
+            coef = np.zeros(3)
+            coef[list(subset)] = np.linalg.lstsq(x[:, subset], y)[0]
+            if coef.min() >= 0:
+                fits.append(coef)
+    return min(fits, key=lambda coef: float(np.sum((x @ coef - y) ** 2)))
 
 
 def test_a_rare_kind_of_iteration_is_never_dropped_as_an_outlier():

@@ -65,10 +65,11 @@ def test_batches_timed_on_the_stream_fit_the_true_costs(host_step):
     costs = MeasuredCosts(layers=28, refit_every=1)
     serve(stream, timer, costs, host_step)
     costs.snapshot()
-    for mode, (fixed, per_token, per_request) in TRUE.items():
+    for mode, (fixed, forward, per_token, per_request) in TRUE.items():
         fit = costs.fits[mode]
         assert fit.prefill_token_s == pytest.approx(per_token, rel=1e-6)
         assert fit.fixed_s == pytest.approx(fixed, rel=1e-6)
+        assert fit.prefill_forward_s == pytest.approx(forward, rel=1e-6)
         assert fit.decode_request_s == pytest.approx(per_request, rel=1e-6)
     assert stream.reads > 0
 

@@ -115,8 +115,10 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert costs["decode_step_s"]["unmerge"] > 0
     fit = costs["iteration_fits"]["unmerge"]
     # the tiny model's prompt tokens cost next to nothing on CPU: the fit may give them 0
-    assert fit["samples"] > 0 and min(fit["fixed_s"], fit["prefill_token_s"], fit["decode_request_s"]) >= 0
+    terms = (fit["fixed_s"], fit["prefill_forward_s"], fit["prefill_token_s"], fit["decode_request_s"])
+    assert fit["samples"] > 0 and min(terms) >= 0
     assert costs["prefill_token_s"]["unmerge"] == fit["prefill_token_s"]
+    assert costs["prefill_forward_s"]["unmerge"] == pytest.approx(fit["fixed_s"] + fit["prefill_forward_s"])
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
