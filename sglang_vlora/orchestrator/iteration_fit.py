@@ -77,13 +77,23 @@ class IterationFit:
             return None
         first = _nnls(samples)
         residuals = [abs(s - first.seconds(t, r)) for t, r, s in samples]
-        # scaled median absolute residual; residuals within 0.1% of the mean time are
-        # rounding, never outliers
-        limit = max(_OUTLIER_MADS * 1.4826 * _median(residuals), 1e-3 * sum(s for *_, s in samples) / len(samples))
-        kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limit]
+        limits = {}
+        for kind in {_kind(t, r) for t, r, _ in samples}:
+            # scaled median absolute residual within the kind: a window of mostly decode steps
+            # must not make every prefill an outlier (and keep the one that paid for a JIT
+            # compile); residuals within 0.1% of the kind's mean time are rounding, never outliers
+            own = [(res, s) for (t, r, s), res in zip(samples, residuals, strict=True) if _kind(t, r) == kind]
+            limits[kind] = max(_OUTLIER_MADS * 1.4826 * _median([res for res, _ in own]),
+                               1e-3 * sum(s for _, s in own) / len(own))
+        kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limits[_kind(x[0], x[1])]]
         if len(kept) == len(samples) or len(kept) < 3 or _regimes(kept) != _regimes(samples):
             return first  # never drop a whole kind of iteration (every decode step, every prefill)
         return _nnls(kept)
+
+
+def _kind(tokens: int, requests: int) -> tuple[bool, bool]:
+    """An iteration's kind: whether it prefills, whether it decodes."""
+    return bool(tokens), bool(requests)
 
 
 def _regimes(samples: Sequence[Sample]) -> tuple[bool, bool, bool]:

@@ -146,9 +146,9 @@ class Orchestrator:
         self._apply(decision, now)
 
     def after_schedule(self, plan) -> None:
-        """No batch this step: the interval of the last batch holds an idle step, not only that batch."""
+        """No batch this step: the last batch's interval ends here, before the idle time."""
         if plan.batch_to_run is None:
-            self.batch_timer.interrupt()
+            self.batch_timer.end_at_idle()
 
     def before_run(self, batch) -> None:
         """The batch about to run: count it under the mode it really runs in, start its clock."""

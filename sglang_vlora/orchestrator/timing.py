@@ -9,8 +9,11 @@ A batch's time is the interval from its start mark to the next batch's start mar
 on the stream the forward runs on. On the GPU that is the end of the previous batch's
 work to the end of this batch's work, bubbles the host left included: what the batch
 costs in steady state, also under SGLang's overlap scheduler (where ``run_batch``
-returns before the GPU is done). An interval that something else fell into (an idle
-step, a weight switch) is not the batch's own and is dropped.
+returns before the GPU is done). When the scheduler goes idle after a batch, the batch's
+interval ends with a mark made at the idle step: on the GPU that mark is done when the
+batch's work is, so the wait for the next request is not charged to it (a server whose
+requests arrive one at a time, or answer in one forward, times every batch). An interval
+that a weight switch fell into is not the batch's own and is dropped.
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ class BatchTimer(Intervals[K]):
         if self._pending and self._pending[-1].end is None:
             self._pending[-1].end = mark
         self._pending.append(_Interval(mark, payload))
+
+    def end_at_idle(self) -> None:
+        """The scheduler found no batch to run: the last batch's interval ends here."""
+        if self._pending and self._pending[-1].end is None:
+            self._pending[-1].end = self.clock.mark()
 
     def interrupt(self) -> None:
         """Something other than a batch ran since the last start: that batch's interval is not its own."""

@@ -142,6 +142,25 @@ def test_a_rare_kind_of_iteration_is_never_dropped_as_an_outlier():
     assert costs.snapshot().decode_step_s[Mode.UNMERGE] == pytest.approx(0.02)
 
 
+def test_a_first_batch_that_paid_one_time_costs_is_dropped_among_its_kind():
+    """What a server measured (CPU, 2026-11-23): the first prefill, which compiled kernels,
+    took 2.66 s; the other prefills 60-110 ms; many more decode steps. Judged by the
+    decode steps' residuals every prefill was an outlier, so none was dropped and the
+    first one set a 0.2 s prefill forward. Judged within their own kind, only it goes."""
+    costs = MeasuredCosts(LAYERS)
+    costs.record_iteration(Mode.UNMERGE, 54, 0, 2.66)
+    rng = random.Random(3)
+    for i in range(15):
+        tokens = (32, 128, 512, 1024)[i % 4]
+        costs.record_iteration(Mode.UNMERGE, tokens, 0, (0.055 + 5e-5 * tokens) * rng.uniform(0.97, 1.03))
+    for _ in range(48):
+        costs.record_iteration(Mode.UNMERGE, 0, 4, 0.012 * rng.uniform(0.97, 1.03))
+    cost = costs.snapshot()
+    assert cost.prefill_forward_s[Mode.UNMERGE] == pytest.approx(0.055, rel=0.1)
+    assert cost.prefill_token_s[Mode.UNMERGE] == pytest.approx(5e-5, rel=0.15)
+    assert costs.fits[Mode.UNMERGE].samples == 63
+
+
 def test_a_constant_workload_still_gets_a_marginal_cost():
     """Every prefill of one size: the fixed part cannot be told apart, so the whole time
     goes to the tokens (erring towards a higher cost), never to a zero per-token cost."""

@@ -44,8 +44,8 @@ def serve(stream: FakeStream, timer: BatchTimer, costs: MeasuredCosts, host_step
     for i in range(120):
         for (m, tokens, requests), value in timer.collect():
             costs.record_iteration(m, tokens, requests, value)
-        if i == 40:  # the server went idle for 2 s: the batch before the gap is not timed
-            timer.interrupt()
+        if i == 40:  # the server went idle for 2 s: the batch before the gap ends at the idle step
+            timer.end_at_idle()
             stream.host = stream.device + 2.0
         if i == 80:  # a weight switch of 3 ms on the same stream, between two batches
             stream.queue(0.003)
@@ -87,6 +87,25 @@ def test_a_host_bound_loop_is_charged_what_an_iteration_takes():
         stream.host += 0.004
     got += timer.collect()
     assert [value for _, value in got] == pytest.approx([0.004] * 4)
+
+
+def test_a_batch_before_an_idle_step_is_timed_without_the_idle_time():
+    """Requests one at a time: each batch is followed by idle steps until the next one
+    arrives. Every batch is still timed, by its own work (the idle mark is done when the
+    device finishes the batch), and later idle steps change nothing."""
+    stream = FakeStream()
+    timer = BatchTimer(stream)
+    got = []
+    for work in (0.060, 0.075, 0.058):
+        got += timer.collect()
+        timer.start(work)
+        stream.queue(work)
+        stream.host += 0.001  # the host launched it and looks for the next batch: none
+        timer.end_at_idle()
+        timer.end_at_idle()
+        stream.host = stream.device + 1.0  # idle for a second, then the next request
+    got += timer.collect()
+    assert got == [(w, pytest.approx(w)) for w in (0.060, 0.075, 0.058)]
 
 
 def test_nothing_is_read_before_its_end_is_done():
