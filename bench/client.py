@@ -216,7 +216,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.workload == "retrieval" and args.rate is None:
         parser.error("--workload retrieval needs --rate")
 
-    requests = build_workload(args)
+    try:
+        requests = build_workload(args)
+    except ValueError as e:  # a workload parameter out of range: say which, as for a bad flag
+        parser.error(str(e))
     if not requests:
         parser.error("the workload is empty: raise --rate or --duration")
     results = asyncio.run(run(args.url, requests, drain_s=args.drain, progress=not args.no_progress))

@@ -27,6 +27,7 @@ import json
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -72,7 +73,9 @@ class Projection:
         self.offsets = [0]
         for n in slices:
             self.offsets.append(self.offsets[-1] + n)
-        rand = lambda *shape, s: (torch.randn(*shape, generator=gen) * s).to(device, dtype)  # noqa: E731
+        def rand(*shape: int, s: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * s).to(device, dtype)
+
         self.w0 = rand(out, hidden, s=hidden**-0.5)
         self.a = rand(ADAPTERS, len(slices) * rank, hidden, s=hidden**-0.5)
         self.b = rand(ADAPTERS, out, rank, s=rank**-0.5)
@@ -98,8 +101,6 @@ def layer(projections: dict[str, Projection], x: torch.Tensor, merged: bool, ite
 
 def time_ms(fn, device: torch.device, iters: int) -> float:
     """Median milliseconds of ``fn`` (CUDA events on a GPU, the wall clock elsewhere)."""
-    import time
-
     for _ in range(3):
         fn()
     samples = []
@@ -149,14 +150,39 @@ def measure(projections: dict[str, Projection], tokens: int, requests: int, shar
     return row
 
 
+def _batch(text: str) -> tuple[int, int]:
+    """``TOKENSxREQUESTS``, both >= 1."""
+    try:
+        tokens, requests = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKENSxREQUESTS such as 1024x1, got {text!r}") from None
+    if tokens < 1 or requests < 1:
+        raise argparse.ArgumentTypeError(f"tokens and requests must be >= 1, got {text!r}")
+    return tokens, requests
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share is between 0 and 1, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few iterations (CPU: Triton interpreter)")
-    ap.add_argument("--rank", type=int, default=64)
-    ap.add_argument("--batches", nargs="+", default=["1024x1", "256x4", "1x8", "1x32"],
+    ap.add_argument("--rank", type=_positive, default=64)
+    ap.add_argument("--batches", nargs="+", type=_batch, default=[(1024, 1), (256, 4), (1, 8), (1, 32)],
                     help="TOKENSxREQUESTS: prefill chunks (tokens > 1) or decode steps (1 token each)")
-    ap.add_argument("--shares", nargs="+", type=float, default=[1.0, 0.75, 0.5, 0.25])
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--shares", nargs="+", type=_share, default=[1.0, 0.75, 0.5, 0.25])
+    ap.add_argument("--iters", type=_positive, default=50)
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
@@ -166,9 +192,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes, rank, iters = (SHAPES_SMOKE, min(args.rank, 8), 2) if args.smoke else (SHAPES_7B, args.rank, args.iters)
-    batches = [tuple(int(v) for v in b.split("x")) for b in args.batches]
-    if args.smoke:
-        batches = [(min(t, 16), min(r, 4)) for t, r in batches]
+    batches = [(min(t, 16), min(r, 4)) for t, r in args.batches] if args.smoke else args.batches
     gen = torch.Generator().manual_seed(0)
     projections = {name: Projection(h, s, rank, dtype, device, gen) for name, (h, s) in shapes.items()}
     rows = []

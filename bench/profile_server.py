@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import e2e_assets, provenance  # noqa: E402
+from sglang_vlora.orchestrator.iteration_fit import IterationFit  # noqa: E402
 
 RANK = 64
 N_ADAPTERS = 4
@@ -264,6 +265,9 @@ def summarise(events: list[dict], decode: bool) -> dict:
     }
 
 
+_FIT_FIELDS = ("fixed_s", "prefill_forward_s", "prefill_token_s", "decode_request_s")  # as /vlora/status names them
+
+
 def cost_model_check(status: dict, profiled: dict) -> dict:
     """The orchestrator's fitted iteration time per mode at each profiled scenario's batch
     (a prefill forward of its prompt tokens, or a decode step of its requests) against the
@@ -276,16 +280,22 @@ def cost_model_check(status: dict, profiled: dict) -> dict:
         decode = scenario.startswith("decode")
         measured = summary.get("period_us") if decode else summary.get("span_us_per_step")
         tokens, requests = (0, n) if decode else (n * prompt, 0)
-        for mode, fit in fits.items():
-            predicted = (fit.get("fixed_s", 0.0) + fit.get("prefill_token_s", 0.0) * tokens
-                         + fit.get("decode_request_s", 0.0) * requests
-                         + (fit.get("prefill_forward_s", 0.0) if tokens else 0.0))
+        for mode, reported in fits.items():
+            fit = IterationFit(*(reported.get(f, 0.0) for f in _FIT_FIELDS), reported.get("samples", 0))
+            predicted = fit.seconds(tokens, requests)
             rows[f"{scenario}/{mode}"] = {
-                "samples": fit.get("samples"), "fit_ms": 1e3 * predicted,
+                "samples": fit.samples, "fit_ms": 1e3 * predicted,
                 "profile_ms": None if measured is None else measured / 1e3,
                 "fit_over_profile": None if not measured else 1e6 * predicted / measured,
             }
     return {"cost_model": model, "rows": rows}
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 # ------------------------------------------------------------------------- main
@@ -295,7 +305,7 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=int, default=2, help="profiled windows per scenario (the last is kept)")
-    ap.add_argument("--latency", type=int, default=0,
+    ap.add_argument("--latency", type=_count, default=0,
                     help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")

@@ -85,24 +85,17 @@ class IterationFit:
             own = [(res, s) for (t, r, s), res in zip(samples, residuals, strict=True) if _kind(t, r) == kind]
             limits[kind] = max(_OUTLIER_MADS * 1.4826 * _median([res for res, _ in own]),
                                1e-3 * sum(s for _, s in own) / len(own))
+        # A kind's limit is at least its median residual, so at least half of every kind is
+        # kept: a kind of iteration (every decode step, every prefill) is never dropped whole.
         kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limits[_kind(x[0], x[1])]]
-        if len(kept) == len(samples) or len(kept) < 3 or _regimes(kept) != _regimes(samples):
-            return first  # never drop a whole kind of iteration (every decode step, every prefill)
+        if len(kept) == len(samples) or len(kept) < 3:
+            return first
         return _nnls(kept)
 
 
 def _kind(tokens: int, requests: int) -> tuple[bool, bool]:
     """An iteration's kind: whether it prefills, whether it decodes."""
     return bool(tokens), bool(requests)
-
-
-def _regimes(samples: Sequence[Sample]) -> tuple[bool, bool, bool]:
-    """Which kinds of iteration the samples hold: prefill only, decode only, mixed."""
-    return (
-        any(t and not r for t, r, _ in samples),
-        any(r and not t for t, r, _ in samples),
-        any(t and r for t, r, _ in samples),
-    )
 
 
 def _nnls(samples: Sequence[Sample]) -> IterationFit:

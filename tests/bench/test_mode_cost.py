@@ -34,3 +34,12 @@ def test_every_mode_reproduces_the_unmerged_outputs(tokens: int, requests: int, 
     items = mode_cost.mode_work_items(*mode_cost.segments(tokens, requests, share), [8] * 4, [2.0] * 4, None)
     assert mode_cost.rel_err(mode_cost.layer(projections, x, False, None),
                              mode_cost.layer(projections, x, False, items)) > 1e-2
+
+
+@pytest.mark.parametrize("flags", [["--batches", "12"], ["--batches", "0x4"], ["--shares", "1.5"], ["--rank", "0"],
+                                   ["--iters", "-1"]])
+def test_bad_flags_are_refused_with_their_name(flags: list[str], monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.argv", ["mode_cost.py", "--smoke", *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        mode_cost.main()
+    assert exit_info.value.code == 2 and flags[0] in capsys.readouterr().err

@@ -26,3 +26,13 @@ def test_cost_model_check_without_fits_or_profile_times() -> None:
     status = {"orchestrator": {"cost_model": {"iteration_fits": {"merge": {"fixed_s": 0.01, "samples": 3}}}}}
     row = cost_model_check(status, {"decode8": {"period_us": None}})["rows"]["decode8/merge"]
     assert row["profile_ms"] is None and row["fit_over_profile"] is None
+
+
+def test_a_negative_latency_count_is_refused() -> None:
+    import argparse
+
+    from bench.profile_server import _count
+
+    assert _count("0") == 0 and _count("25") == 25
+    with pytest.raises(argparse.ArgumentTypeError, match=">= 0"):
+        _count("-3")

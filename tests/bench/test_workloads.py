@@ -177,3 +177,13 @@ def test_shipped_trace_is_what_the_script_writes(tmp_path):
     assert 100 <= len(rows) <= 1000
     reqs = workloads.trace_replay(shipped, ADAPTERS, skew=0.9, seed=0)
     assert Counter(r.adapter for r in reqs).most_common(1)[0][0] == "a8"
+
+
+@pytest.mark.parametrize("flags", [["--chunk-period", "0"], ["--detection-stride", "0"]])
+def test_the_client_refuses_a_bad_video_parameter_by_name(flags, capsys):
+    from bench.client import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--url", "http://127.0.0.1:9", "--workload", "video", "--adapters", "a8", "--duration", "1", *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and ("chunk_period_s" in err or "detection_stride" in err)

@@ -143,10 +143,10 @@ def test_a_rare_kind_of_iteration_is_never_dropped_as_an_outlier():
 
 
 def test_a_first_batch_that_paid_one_time_costs_is_dropped_among_its_kind():
-    """What a server measured (CPU, 2026-11-23): the first prefill, which compiled kernels,
-    took 2.66 s; the other prefills 60-110 ms; many more decode steps. Judged by the
-    decode steps' residuals every prefill was an outlier, so none was dropped and the
-    first one set a 0.2 s prefill forward. Judged within their own kind, only it goes."""
+    """A first prefill that compiled kernels (seconds), fifteen ordinary prefills and many
+    more decode steps. Judged by the decode steps' residuals every prefill is an outlier, so
+    none would be dropped and the first one would set a prefill forward of about 0.2 s.
+    Judged within their own kind, only it goes."""
     costs = MeasuredCosts(LAYERS)
     costs.record_iteration(Mode.UNMERGE, 54, 0, 2.66)
     rng = random.Random(3)
