@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
+from sglang_vlora.orchestrator.policy import ADMISSIONS
+
 ENV_VAR = "SGLANG_VLORA_CONFIG"
 PLUGIN_NAME = "vlora"
 ATMM_IMPLS = ("auto", "torch")
@@ -40,6 +42,9 @@ class VLoRAConfig:
     theta: float | None = None
     # Requests per iteration the policy plans for; None: derived from the requests in flight.
     max_batch: int | None = None
+    # While an adapter is merged: "all" admits the other adapters' waiting requests too (they
+    # run in mixture); "algorithm1" holds them back until they starve, as the paper does.
+    admission: str = "all"
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -55,6 +60,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-policy must be one of {POLICIES}, got {self.policy!r}")
         if self.theta is not None and (not self.theta >= 0 or self.theta == float("inf")):
             raise ValueError(f"--vlora-theta must be a finite number of seconds >= 0, got {self.theta}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"--vlora-admission must be one of {ADMISSIONS}, got {self.admission!r}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
@@ -86,6 +93,7 @@ class VLoRAConfig:
             policy=args.vlora_policy,
             theta=args.vlora_theta,
             max_batch=args.vlora_max_batch,
+            admission=args.vlora_admission,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
         )
@@ -142,6 +150,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Requests per iteration the policy plans for (default: derived from the requests in "
         "flight, capped by SGLang's max running requests and the largest decode CUDA graph; shown in "
         "/vlora/status).",
+    )
+    group.add_argument(
+        "--vlora-admission",
+        choices=ADMISSIONS,
+        default=defaults.admission,
+        help="While an adapter is merged (policy vlora): all (default) also admits the other adapters' "
+        "waiting requests, which run in mixture; algorithm1 holds them back until they starve (the "
+        "paper's Algorithm 1).",
     )
     group.add_argument(
         "--vlora-cost-model",

@@ -184,7 +184,7 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
     orch = delta.get("orchestrator") if isinstance(delta.get("orchestrator"), dict) else delta
     summary = {k: orch[k] for k in ("iterations", "decisions", "switches", "switch_seconds_total") if k in orch}
     config = (after.get("orchestrator") or {}) if isinstance(after.get("orchestrator"), dict) else after
-    summary["config"] = {k: config[k] for k in ("policy", "theta_s", "max_batch") if k in config}
+    summary["config"] = {k: config[k] for k in ("policy", "admission", "theta_s", "max_batch") if k in config}
     if "switch_count" in delta:
         summary["mode_switches"] = delta["switch_count"]
     return summary

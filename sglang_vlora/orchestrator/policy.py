@@ -12,6 +12,17 @@ SLO when that is tighter) is *starving*. Then:
   than half: **mixture** with it merged; the starving requests first, then its requests;
 * otherwise **unmerge**: the starving requests first, then everyone else.
 
+What happens to the other adapters' requests while an adapter is merged is the
+``admission`` knob (``--vlora-admission``):
+
+* ``all`` (the default): after the starving requests and the merged adapter's, every other
+  waiting request that fits is admitted too and runs in mixture; no request waits for
+  starvation. A deviation from Algorithm 1, which holds them back until they starve: on
+  the benchmark GPU holding them back cost each of them up to theta (about half a request's
+  execution) of waiting, while mixture adds less than an unmerged batch's LoRA time per step
+  (docs/orchestrator.md has the measurements);
+* ``algorithm1``: the paper's rule: they wait until their credit exceeds theta.
+
 Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
 
 * running requests hold KV cache and are **never paused**: every batch runs all of them,
@@ -48,6 +59,8 @@ from typing import TypeVar
 from sglang_vlora.orchestrator.cost_model import CostModel
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState, WeightState
 
+ADMISSIONS = ("all", "algorithm1")  # see the module docstring
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -57,6 +70,7 @@ class PolicyConfig:
     max_batch: int  # requests per iteration (MaxBS of Algorithm 1)
     adapter_slots: int | None = None  # distinct adapters per batch; None: no limit
     switch_budget: float = 0.1  # largest fraction of the time V-LoRA may spend switching weights
+    admission: str = "all"  # merged weights admit: "all" waiting requests, or "algorithm1" (the starving)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.theta) or self.theta < 0:
@@ -67,6 +81,8 @@ class PolicyConfig:
             raise ValueError(f"adapter_slots must be >= 1 or None, got {self.adapter_slots}")
         if not 0 < self.switch_budget <= 1:
             raise ValueError(f"switch_budget must be in (0, 1], got {self.switch_budget}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
 
     def threshold(self, request: Request) -> float:
         """Credit above which ``request`` starves: theta, or its SLO when tighter."""
@@ -303,8 +319,12 @@ class VLoRAPolicy(SchedulingPolicy):
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
         if top is not None and merge_condition(self.config, starving, top_requests):
-            # Lines 6-12: merge top; admit the starving first (mixture), then top's requests.
+            # Lines 6-12: merge top; admit the starving first (mixture), then top's requests;
+            # with admission "all" the others after them (mixture) instead of waiting to starve.
             adapter, order = top, starving_first(starving, top_requests, state)
+            if self.config.admission == "all":
+                placed = {r.rid for r in order}
+                order += queue_order((r for r in state.requests if r.rid not in placed), state)
         else:
             # Lines 13-15: unmerge; the starving first, then everyone.
             adapter, order = None, starving_first(starving, state.requests, state)

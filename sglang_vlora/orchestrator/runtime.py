@@ -92,6 +92,7 @@ class Orchestrator:
             raise RuntimeError("sglang-vlora: the orchestrator needs the mode controller (LoRA on)")
         self.controller = controller
         self.policy_name = cfg.policy
+        self.admission = cfg.admission
         self.adapter_slots = scheduler.server_args.max_loras_per_batch
         self.limits = DerivedLimits(cfg.max_batch, cfg.theta, *_capacity(scheduler))
         layers = len(self.lora_manager.lora_modules)
@@ -186,7 +187,8 @@ class Orchestrator:
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
-            theta=self.limits.theta()[0], max_batch=self.limits.max_batch()[0], adapter_slots=self.adapter_slots
+            theta=self.limits.theta()[0], max_batch=self.limits.max_batch()[0], adapter_slots=self.adapter_slots,
+            admission=self.admission,
         )
 
     def _decide(self, now: float, waiting: list, running: list) -> Decision:
@@ -347,6 +349,7 @@ class Orchestrator:
         max_batch, max_batch_source = self.limits.max_batch()
         return {
             "policy": self.policy_name,
+            "admission": self.admission,
             "theta_s": theta,
             "theta_source": theta_source,
             "max_batch": max_batch,

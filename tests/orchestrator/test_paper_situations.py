@@ -14,8 +14,10 @@ from tests.orchestrator.builders import cost_model, measured, req, running, stat
 THETA = 0.6
 
 
-def vlora(max_batch: int, adapter_slots: int | None = None):
-    return make_policy("vlora", PolicyConfig(THETA, max_batch, adapter_slots), cost_model())
+def vlora(max_batch: int, adapter_slots: int | None = None, admission: str = "algorithm1"):
+    """Algorithm 1 as the paper has it (other adapters' requests wait to starve) unless
+    ``admission`` says otherwise."""
+    return make_policy("vlora", PolicyConfig(THETA, max_batch, adapter_slots, admission=admission), cost_model())
 
 
 def test_fig7_three_of_one_adapter_then_four_of_others():
@@ -60,6 +62,36 @@ def test_starvation_turns_merge_into_mixture():
     assert (starving.mode, starving.adapter) == (Mode.MIXTURE, "a")
     assert starving.batch == ("b1", "a1", "a2", "a3", "a4", "a5", "a6")
     assert starving.admit == ("b1",)
+
+
+def test_admission_all_serves_other_adapters_in_mixture_without_waiting():
+    """The default admission: while a is merged, b's request is admitted at once (mixture)
+    instead of waiting until it starves; the starving first, then a's, then the others."""
+    policy = vlora(max_batch=8, admission="all")
+    calm = policy.decide(merged_workload(0.25, 0.2, 0.0, "b"))
+    assert (calm.mode, calm.adapter) == (Mode.MIXTURE, "a") and calm.starving == ()
+    assert calm.admit == ("b1",) and calm.batch == ("a1", "a2", "a3", "a4", "a5", "a6", "b1")
+
+    waiting = [req("c1", "c", 0.0), req("a7", "a", 0.25), req("d1", "d", 0.45), req("b1", "b", 0.3)]
+    running_a = [running(f"a{i}", "a", 0.4) for i in range(1, 5)]
+    decision = policy.decide(state(0.5, waiting=waiting, running=running_a, mode=Mode.MERGE, merged="a"))
+    assert decision.starving == ("c1",)
+    assert (decision.mode, decision.adapter) == (Mode.MIXTURE, "a")
+    assert decision.admit == ("c1", "a7", "b1", "d1")
+    assert decision.batch == ("c1", "a1", "a2", "a3", "a4", "a7", "b1", "d1")
+
+
+def test_admission_all_keeps_merge_for_a_batch_of_the_merged_adapter_only():
+    policy = vlora(max_batch=8, admission="all")
+    waiting = [req(f"a{i}", "a") for i in range(5)]
+    decision = policy.decide(state(0.0, waiting=waiting))
+    assert (decision.mode, decision.adapter) == (Mode.MERGE, "a") and len(decision.admit) == 5
+
+
+def test_admission_all_still_unmerges_when_no_adapter_holds_the_majority():
+    waiting = [req(f"a{i}", "a") for i in range(4)] + [req(f"b{i}", "b") for i in range(4)]
+    decision = vlora(max_batch=8, admission="all").decide(state(0.0, waiting=waiting))
+    assert (decision.mode, decision.adapter) == (Mode.UNMERGE, None) and len(decision.admit) == 8
 
 
 def test_half_of_max_batch_starving_is_still_mixture():

@@ -173,6 +173,7 @@ def test_state_rejects_duplicate_request_ids():
         {"theta": float("nan"), "max_batch": 4},
         {"theta": 1.0, "max_batch": 0},
         {"theta": 1.0, "max_batch": 4, "adapter_slots": 0},
+        {"theta": 1.0, "max_batch": 4, "admission": "fifo"},
     ],
 )
 def test_config_rejects_nonsense(kwargs):
