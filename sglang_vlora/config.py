@@ -42,9 +42,9 @@ class VLoRAConfig:
     theta: float | None = None
     # Requests per iteration the policy plans for; None: derived from the requests in flight.
     max_batch: int | None = None
-    # While an adapter is merged: "all" admits the other adapters' waiting requests too (they
-    # run in mixture); "algorithm1" holds them back until they starve, as the paper does.
-    admission: str = "all"
+    # While an adapter is merged: "algorithm1" holds the other adapters' requests back until they
+    # starve, as the paper does; "all" admits them too (they run in mixture).
+    admission: str = "algorithm1"
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -155,9 +155,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--vlora-admission",
         choices=ADMISSIONS,
         default=defaults.admission,
-        help="While an adapter is merged (policy vlora): all (default) also admits the other adapters' "
-        "waiting requests, which run in mixture; algorithm1 holds them back until they starve (the "
-        "paper's Algorithm 1).",
+        help="While an adapter is merged (policy vlora): algorithm1 (default) holds the other adapters' "
+        "requests back until they starve, as the paper's Algorithm 1 does; all admits them too (they "
+        "run in mixture).",
     )
     group.add_argument(
         "--vlora-cost-model",

@@ -54,9 +54,9 @@ SYSTEMS = {s.name: s for s in (
            policy="unmerge-only"),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
-    System("vlora_alg1", "`--plugin vlora --vlora-admission algorithm1` (Algorithm 1 as the paper has it: "
-           "while an adapter is merged, the others' requests wait until they starve)", plugin=True,
-           extra_flags=("--vlora-admission", "algorithm1")),
+    System("vlora_admit_all", "`--plugin vlora --vlora-admission all` (while an adapter is merged, the "
+           "others' requests are admitted at once, in mixture, instead of waiting until they starve)",
+           plugin=True, extra_flags=("--vlora-admission", "all")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
 )}
@@ -178,7 +178,7 @@ CALLS = {c.name: c for c in (
          why="video understanding on 6 frames: task heads vs LM decoding"),
     Call("peers", "gpu", ("nolora", "triton", "unmerge_only"), ("sgl-mixed",),
          why="SGLang's triton backend and ATMM alone on the headline workload"),
-    Call("policies", "gpu", ("nolora", "merge_only", "dlora_like", "vlora_alg1"), ("sgl-mixed",),
+    Call("policies", "gpu", ("nolora", "merge_only", "dlora_like", "vlora_admit_all"), ("sgl-mixed",),
          why="the comparison policies on the headline workload"),
     Call("prefill", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-prefill",), why="1024 in / 1 out"),
     Call("decode", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-decode",), why="16 in / 64 out"),

@@ -15,8 +15,6 @@ THETA = 0.6
 
 
 def vlora(max_batch: int, adapter_slots: int | None = None, admission: str = "algorithm1"):
-    """Algorithm 1 as the paper has it (other adapters' requests wait to starve) unless
-    ``admission`` says otherwise."""
     return make_policy("vlora", PolicyConfig(THETA, max_batch, adapter_slots, admission=admission), cost_model())
 
 
@@ -65,7 +63,7 @@ def test_starvation_turns_merge_into_mixture():
 
 
 def test_admission_all_serves_other_adapters_in_mixture_without_waiting():
-    """The default admission: while a is merged, b's request is admitted at once (mixture)
+    """Admission "all": while a is merged, b's request is admitted at once (mixture)
     instead of waiting until it starves; the starving first, then a's, then the others."""
     policy = vlora(max_batch=8, admission="all")
     calm = policy.decide(merged_workload(0.25, 0.2, 0.0, "b"))

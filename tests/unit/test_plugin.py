@@ -71,7 +71,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert result["atmm_registered"]
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
-        "policy": "vlora", "theta": None, "max_batch": None, "admission": "all", "cost_model": None,
+        "policy": "vlora", "theta": None, "max_batch": None, "admission": "algorithm1", "cost_model": None,
         "max_image_pixels": 32 * 1024 * 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
@@ -145,11 +145,11 @@ def test_bad_orchestrator_options_are_refused(options, reason):
 def test_orchestrator_flags_reach_the_children():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "unmerge-only", "--lora-backend", "triton",
-         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "algorithm1", *BASE_ARGS]
+         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "all", *BASE_ARGS]
     )
     config = json.loads(result["config_env"])
     assert (config["policy"], config["theta"], config["max_batch"]) == ("unmerge-only", 0.25, 12)
-    assert config["admission"] == "algorithm1"
+    assert config["admission"] == "all"
 
 
 def test_config_round_trips_through_the_environment(monkeypatch):
