@@ -90,8 +90,11 @@ def text_requests(point: Point, adapters: Sequence[str], n: int, seed: int, lora
     return out
 
 
-def run_own(server: ServerProcess, requests: list[Request]) -> dict[str, Any]:
-    """Send ``requests`` open loop with :mod:`bench.client`; normalized metrics + details."""
+def run_own(server: ServerProcess, requests: list[Request],
+            adapters: Sequence[str | None] | None = None) -> dict[str, Any]:
+    """Send ``requests`` open loop with :mod:`bench.client`; normalized metrics + details.
+    ``adapters``: the adapter each request names with LoRA on (default: its own), so that the
+    floor's results split by adapter like the others'."""
     results = asyncio.run(client.run(server.url, requests, drain_s=DRAIN_S, progress=False))
     m = client.metrics(results)
     errors = sorted({r.error for r in results if r.error})
@@ -104,7 +107,9 @@ def run_own(server: ServerProcess, requests: list[Request]) -> dict[str, Any]:
         "avg_token_latency_ms": None if m["avg_token_latency_s"] is None else m["avg_token_latency_s"] * 1e3,
         "arrivals_s": requests[-1].arrival_s if requests else 0.0,
     }
-    return {"metrics": metrics, "slo": m["slo"], "per_task": per_task(results), "error_samples": errors[:5]}
+    labels = [r.adapter for r in requests] if adapters is None else list(adapters)
+    return {"metrics": metrics, "slo": m["slo"], "per_task": per_task(results),
+            "per_adapter": per_adapter(results, labels), "error_samples": errors[:5]}
 
 
 def per_task(results: Sequence[client.Result]) -> dict[str, Any]:
@@ -114,6 +119,24 @@ def per_task(results: Sequence[client.Result]) -> dict[str, Any]:
         ok = [r for r in mine if r.ok]
         out[task] = {"requests": len(mine), "completed": len(ok), "output_tokens": sum(r.output_tokens for r in ok),
                      "e2e_ms": _ms(client._stats([r.latency_s for r in ok]))}
+    return out
+
+
+def per_adapter(results: Sequence[client.Result], adapters: Sequence[str | None]) -> dict[str, Any]:
+    """E2E and TTFT per adapter (by result index into ``adapters``; ``base`` for none), most
+    requested first: under a skewed load, how the dominant adapter's requests fared against
+    the others' (a policy that merges one adapter treats the two differently)."""
+    if len(adapters) != len(results):
+        raise ValueError(f"{len(adapters)} adapter labels for {len(results)} results")
+    groups: dict[str, list[client.Result]] = {}
+    for r in results:
+        groups.setdefault(adapters[r.index] or "base", []).append(r)
+    out = {}
+    for name in sorted(groups, key=lambda g: (-len(groups[g]), g)):
+        ok = [r for r in groups[name] if r.ok]
+        out[name] = {"requests": len(groups[name]), "completed": len(ok),
+                     "e2e_ms": _ms(client._stats([r.latency_s for r in ok])),
+                     "ttft_ms": _ms(client._stats([r.ttft_s for r in ok if r.ttft_s is not None]))}
     return out
 
 

@@ -136,7 +136,8 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
     if point.client == "sglang":
         result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
     else:
-        result = measure.run_own(server, clients.requests(point, names, seed, system.lora))
+        labels = [r.adapter for r in clients.requests(point, names, seed, True)]
+        result = measure.run_own(server, clients.requests(point, names, seed, system.lora), labels)
     result["seconds"] = round(time.monotonic() - t0, 1)
     if system.plugin:
         after = servers.vlora_status(server)

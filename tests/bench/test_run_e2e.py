@@ -51,6 +51,11 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
     sgl = [m for m in done if m["point"] == "sgl-mixed"]
     assert all("sglang.benchmark.serving" in m["client_command"] for m in sgl)
     assert all("--lora-name" in m["client_command"] and m["metrics"]["output_tokens"] == 16 * 4 for m in sgl)
+    for m in (m for m in done if m["point"] == "vision-skewed"):
+        groups = m["per_adapter"]  # the 80% adapter first, every request in one group
+        assert sum(g["requests"] for g in groups.values()) == m["metrics"]["requests"], groups
+        top, *others = groups.values()
+        assert others and all(top["requests"] > g["requests"] for g in others), groups
     heads = [m for m in done if m["point"] == "video-heads"]
     vu = heads[0]["per_task"]["video_understanding"]
     assert vu["completed"] == vu["output_tokens"] > 0  # one token per head answer

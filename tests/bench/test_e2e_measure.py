@@ -1,0 +1,27 @@
+"""The benchmark's split of one measurement's results by adapter."""
+
+import pytest
+
+from bench import client
+from bench.e2e import measure
+
+
+def result(index: int, latency_s: float | None, error: str | None = None) -> client.Result:
+    return client.Result(index, None, "vqa", "retrieval", 0.1 * index, 0.1 * index, latency_s and latency_s / 2,
+                         latency_s, 4, 4, 1.0, error)
+
+
+def test_results_split_by_the_adapter_each_request_names_with_lora_on():
+    # the floor's requests name no adapter; the labels say which each would have used
+    results = [result(0, 0.2), result(1, 0.4), result(2, 0.6), result(3, None, "timeout"), result(4, 1.0)]
+    groups = measure.per_adapter(results, ["a", "b", "a", "a", None])
+    assert list(groups) == ["a", "b", "base"]  # most requested first
+    assert (groups["a"]["requests"], groups["a"]["completed"]) == (3, 2)
+    assert groups["a"]["e2e_ms"]["mean"] == pytest.approx(400.0)
+    assert groups["a"]["ttft_ms"]["mean"] == pytest.approx(200.0)
+    assert groups["base"]["e2e_ms"]["p50"] == pytest.approx(1000.0)
+
+
+def test_labels_must_cover_every_result():
+    with pytest.raises(ValueError, match="2 adapter labels for 3 results"):
+        measure.per_adapter([result(0, 0.1), result(1, 0.1), result(2, 0.1)], ["a", "b"])
