@@ -446,6 +446,39 @@ def switch_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- modes per layer (bench/mode_cost.py)
+
+
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{1000 * ms:+.0f}"
+
+
+@block("mode-cost-table", "mode_cost_h200.json")
+def mode_cost_table(run: dict) -> str:
+    """docs/modes.md: microseconds each mode adds to one layer's base GEMMs, per batch and share."""
+    lines = [
+        "| batch (tokens x requests) | share of `k` | base GEMMs, us | unmerge adds, us | mixture adds, us "
+        "| merge adds, us | mixture's error vs unmerged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in run["rows"]:
+        lines.append(
+            f"| {r['tokens']} x {r['requests']} | {r['share']:.2f} | {1000 * r['base_ms']:.0f} | "
+            f"{_us(r['unmerge_adds_ms'])} | {_us(r['mixture_adds_ms'])} | {_us(r.get('merge_adds_ms'))} | "
+            f"{r['mixture_rel_err']:.1e} |"
+        )
+    mixed = [r for r in run["rows"] if r["share"] < 1.0 and r["items"]["mixture"] > 0]
+    worse = [r for r in mixed if r["mixture_adds_ms"] > r["unmerge_adds_ms"]]
+    lines += [
+        "",
+        f"Per layer (q/k/v + o, rank {run['rank']}, {run['adapters']} adapters, {run['dtype']}; each layer timed "
+        f"eagerly, launches included). Wherever a batch holds requests of other adapters, mixture adds more than "
+        f"unmerge in {len(worse)} of {len(mixed)} cells: its `-k` term is a second LoRA pass over their tokens. "
+        f"A batch of `k` alone (share 1.00) runs merged with nothing added.",
+    ]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- fusion (bench/fusion.py)
 
 
