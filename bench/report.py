@@ -403,6 +403,11 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
 
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
 
+def table_head(*columns: str) -> list[str]:
+    """A markdown table's header and rule lines."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 SWITCH_LAYOUTS = {"qkvo": "q,k,v,o 4096x4096", "all": "all 7 projections (+MLP 11008)"}
 SWITCH_TARGET_MS = 3.2  # the modes issue's target: q,k,v,o of 32 layers at rank 64
 
@@ -418,11 +423,8 @@ def _ops(row: dict) -> str:
 @block("switch-table", "switch_h200.json")
 def switch_table(run: dict) -> str:
     """README and docs/modes.md: ms per merge / switch / unmerge, ours vs the in-place baselines."""
-    lines = [
-        "| layout | rank | ours (exact, one Triton pass): merge / switch / unmerge | per-layer `addmm_` "
-        "(dLoRA-like) | one `baddbmm_` per kind | HBM floor (copy) |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = table_head("layout", "rank", "ours (exact, one Triton pass): merge / switch / unmerge",
+                       "per-layer `addmm_` (dLoRA-like)", "one `baddbmm_` per kind", "HBM floor (copy)")
     for layout, rank in sorted({(r["layout"], r["rank"]) for r in run["rows"]}, key=lambda k: (k[0] != "qkvo", k[1])):
         cells = [_ops(_switch_row(run, layout, rank, m)) for m in ("exact_fold", "loop_addmm", "baddbmm")]
         lines.append(
@@ -456,11 +458,8 @@ def _us(ms: float | None) -> str:
 @block("mode-cost-table", "mode_cost_h200.json")
 def mode_cost_table(run: dict) -> str:
     """docs/modes.md: microseconds each mode adds to one layer's base GEMMs, per batch and share."""
-    lines = [
-        "| batch (tokens x requests) | share of `k` | base GEMMs, us | unmerge adds, us | mixture adds, us "
-        "| merge adds, us | mixture's error vs unmerged |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head("batch (tokens x requests)", "share of `k`", "base GEMMs, us", "unmerge adds, us",
+                       "mixture adds, us", "merge adds, us", "mixture's error vs unmerged")
     for r in run["rows"]:
         lines.append(
             f"| {r['tokens']} x {r['requests']} | {r['share']:.2f} | {1000 * r['base_ms']:.0f} | "
