@@ -177,6 +177,36 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _split(groups: dict[str, Any]) -> tuple[tuple[int, float | None], tuple[int, float | None]]:
+    """(requests, mean E2E ms) of the most requested adapter and of all the others together."""
+    def part(items: list[dict[str, Any]]) -> tuple[int, float | None]:
+        done = [(g["completed"], g["e2e_ms"]["mean"]) for g in items if g["completed"] and g["e2e_ms"]["mean"] is not None]
+        n = sum(c for c, _ in done)
+        return sum(g["requests"] for g in items), (sum(c * v for c, v in done) / n if n else None)
+
+    top, *others = groups.values()
+    return part([top]), part(others)
+
+
+def adapter_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Our client's measurements split into the most requested adapter's requests and the
+    others', each against the floor's same requests in the same call and repeat."""
+    lines = ["| call | point | repeat | system | top adapter: requests, mean E2E ms (over floor) "
+             "| others: requests, mean E2E ms (over floor) |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        ok = [m for m in run["measurements"] if m.get("status") == "ok" and m.get("per_adapter")]
+        floors = {(m["point"], m["repeat"]): _split(m["per_adapter"]) for m in ok if m["system"] == plan.FLOOR}
+        for m in ok:
+            parts, base = _split(m["per_adapter"]), floors.get((m["point"], m["repeat"]))
+            cells = []
+            for i, (n, mean) in enumerate(parts):
+                over = None if base is None or mean is None or base[i][1] is None else mean - base[i][1]
+                cells.append(f"{n}, {_f(mean)}" + ("" if over is None or m["system"] == plan.FLOOR else f" ({over:+.0f})"))
+            lines.append(f"| {run['call']['name']} | {m['point']} | {m['repeat']} | {m['system']} | "
+                         f"{cells[0]} | {cells[1]} |")
+    return lines if len(lines) > 2 else []
+
+
 def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
@@ -215,6 +245,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     if speed is not None:
         lines += ["", f"Video understanding (6 frames), ours: LM decoding / task heads latency = {speed:.2f}x."]
     lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
+    by_adapter = adapter_table(runs)
+    if by_adapter:
+        lines += ["", "## The most requested adapter's requests and the others' (our client)", "", *by_adapter]
     issues = problems(runs)
     if issues:
         lines += ["", "## Not measured", "", *issues]

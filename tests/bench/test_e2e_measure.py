@@ -25,3 +25,20 @@ def test_results_split_by_the_adapter_each_request_names_with_lora_on():
 def test_labels_must_cover_every_result():
     with pytest.raises(ValueError, match="2 adapter labels for 3 results"):
         measure.per_adapter([result(0, 0.1), result(1, 0.1), result(2, 0.1)], ["a", "b"])
+
+
+def test_report_sets_each_group_against_the_floors_same_requests():
+    from bench.e2e import report
+
+    def measurement(system: str, top_ms: float, other_ms: tuple[float, float]) -> dict:
+        groups = measure.per_adapter(
+            [result(0, top_ms / 1e3), result(1, top_ms / 1e3), result(2, other_ms[0] / 1e3),
+             result(3, other_ms[1] / 1e3)], ["a", "a", "b", "c"])
+        return {"system": system, "point": "vision-skewed", "repeat": 0, "status": "ok", "per_adapter": groups}
+
+    run = {"call": {"name": "vision-skewed"}, "measurements": [
+        measurement("nolora", 300.0, (300.0, 500.0)), measurement("vlora", 310.0, (500.0, 600.0))]}
+    floor_row, ours_row = report.adapter_table([run])[2:]
+    assert floor_row == "| vision-skewed | vision-skewed | 0 | nolora | 2, 300 | 2, 400 |"
+    # others: mean of 500 and 600 = 550, 150 over the floor's 400 for the same two requests
+    assert ours_row == "| vision-skewed | vision-skewed | 0 | vlora | 2, 310 (+10) | 2, 550 (+150) |"

@@ -68,7 +68,8 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
     assert report.load([tmp_path / "merged.json"])[0]["measurements"][0]["metrics"] == done[0]["metrics"]
     md = (tmp_path / "merged.md").read_text()
     for text in ("## Every point", "retrieval, 56/112 px", "n=2",
-                 "What the orchestrator did", "server nolora skipped", "tiny random-weight"):
+                 "What the orchestrator did", "server nolora skipped", "tiny random-weight",
+                 "| cpu-smoke | vision-skewed | 0 | vlora |"):
         assert text in md, text
     for suffix in ("e2e", "lora_cost"):
         png = tmp_path / f"merged_{suffix}.png"
