@@ -244,6 +244,11 @@ def _best_triton(row: dict) -> float:
     return min(row["extra_pct"]["atmm"], row["extra_pct"]["atmm_overlap"])
 
 
+def table_head(*columns: str) -> list[str]:
+    """A markdown table's header and rule lines."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def _span(values: Sequence[float], unit: str = "%") -> str:
     if not values:
         return "-"
@@ -402,11 +407,6 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
 
 
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
-
-def table_head(*columns: str) -> list[str]:
-    """A markdown table's header and rule lines."""
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-
 
 SWITCH_LAYOUTS = {"qkvo": "q,k,v,o 4096x4096", "all": "all 7 projections (+MLP 11008)"}
 SWITCH_TARGET_MS = 3.2  # the modes issue's target: q,k,v,o of 32 layers at rank 64

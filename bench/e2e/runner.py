@@ -136,8 +136,9 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
     if point.client == "sglang":
         result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
     else:
-        labels = [r.adapter for r in clients.requests(point, names, seed, True)]
-        result = measure.run_own(server, clients.requests(point, names, seed, system.lora), labels)
+        labelled = clients.requests(point, names, seed, True)  # the floor's requests split like the others'
+        sent = labelled if system.lora else clients.requests(point, names, seed, False)
+        result = measure.run_own(server, sent, [r.adapter for r in labelled])
     result["seconds"] = round(time.monotonic() - t0, 1)
     if system.plugin:
         after = servers.vlora_status(server)

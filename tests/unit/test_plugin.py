@@ -2,6 +2,7 @@
 on with backend ``atmm``, CPU defaults fill unset flags, options reach children through
 the environment, and a hook that does not apply stops start-up with its name."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_vlora import touch_points
-from sglang_vlora.config import ENV_VAR, VLoRAConfig
+from sglang_vlora.config import ENV_VAR, VLoRAConfig, add_cli_args
 
 # Runs in a fresh interpreter (plugins are process-global): load plugins as the
 # launcher does, parse a command line, report what SGLang ends up with.
@@ -122,6 +123,14 @@ def test_bad_option_value_is_refused():
 def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
     result = probe(["--plugin", "vlora", *flags, *BASE_ARGS])
     assert reason in result.get("exit", ""), result
+
+
+def test_unknown_admission_is_refused_by_name(capsys):
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--vlora-admission", "fifo"])
+    assert "--vlora-admission: invalid choice: 'fifo'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
