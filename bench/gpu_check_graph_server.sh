@@ -12,6 +12,9 @@
 #   modes              a fixed token sequence scores the same in every mode as unmerged;
 #   graph-vs-nograph   decode log-probs (over the tokens both servers chose) and scores agree;
 #   restored           unmerged again = unmerged at first (tokens identical);
+#   merged-alone       with a8 merged, a8's requests alone (batches without LoRA work: the base
+#                      layers only, the base-only decode graph) decode as a8 unmerged does, and
+#                      as the server without graphs does;
 #   adapters-matter    the adapters change the scores by far more than the tolerance.
 # Exit status 1 if any check fails. Results JSON: $OUT/gpu_check_graph_server.json (if $OUT).
 #
@@ -108,10 +111,10 @@ def post(server, path, body):
         return e.code, e.read().decode()
 
 
-def generate(server):
+def generate(server, prompts=PROMPTS, loras=LORAS):
     """One call, 8 requests on mixed adapters: one decode batch (graph replays)."""
     status, out = post(server, "/generate", {
-        "input_ids": PROMPTS, "lora_path": LORAS, "return_logprob": True,
+        "input_ids": prompts, "lora_path": loras, "return_logprob": True,
         "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True},
     })
     assert status == 200, out
@@ -119,12 +122,12 @@ def generate(server):
              "logprobs": [t[0] for t in o["meta_info"]["output_token_logprobs"]]} for o in out]
 
 
-def score(server, seqs):
-    """Teacher forcing: the prefill's log-prob of every token of seqs[i] after PROMPTS[i],
+def score(server, seqs, prompts=PROMPTS, loras=LORAS):
+    """Teacher forcing: the prefill's log-prob of every token of seqs[i] after prompts[i],
     up to the first token SGLang does not take as given (a generated multimodal pad
     token is replaced in input_ids: what follows has another context)."""
     status, out = post(server, "/generate", {
-        "input_ids": [p + s for p, s in zip(PROMPTS, seqs)], "lora_path": LORAS,
+        "input_ids": [p + s for p, s in zip(prompts, seqs)], "lora_path": loras,
         "return_logprob": True, "logprob_start_len": L - 1,  # the first entry has no log-prob
         "sampling_params": {"max_new_tokens": 1, "temperature": 0},
     })
@@ -207,6 +210,34 @@ for server in URL:
     same = all(a["tokens"] == b["tokens"] for a, b in zip(first["gen"], last["gen"]))
     diffs = [abs(x - y) for a, b in zip(first["gen"], last["gen"]) for x, y in zip(a["logprobs"], b["logprobs"])]
     check(f"restored {server}: unmerged again = unmerged first", diffs, ok=same and max(diffs) <= TOL)
+# The merged adapter's requests alone: batches without LoRA work, which run the base
+# layers only (eager) and replay the base-only decode graph (graph server).
+ALONE = {"prompts": BASE_PROMPTS, "loras": ["a8"] * len(BASE_PROMPTS)}
+alone = {}
+for server in URL:
+    for mode, adapter in (("merge", "a8"), ("unmerge", None)):
+        status, body = post(server, "/vlora/mode", {"mode": mode, "adapter": adapter})
+        check(f"{server} alone {mode} {adapter}: POST /vlora/mode", [], ok=status == 200, note=str(body)[:120])
+        gen = generate(server, **ALONE)
+        alone[server, mode] = {"gen": gen, "own": score(server, [g["tokens"] for g in gen], **ALONE)}
+for server in URL:
+    run = alone[server, "merge"]
+    diffs = [abs(a - b) for g, s in zip(run["gen"], run["own"]) for a, b in zip(g["logprobs"], s)]
+    cov = coverage(run["own"])
+    check(f"decode-vs-prefill {server} merge a8, a8's requests alone", diffs,
+          ok=max(diffs) <= TOL and cov >= 0.5, note=f"{cov:.0%} of the tokens compared")
+    pairs = [common_prefix_diffs(a, b) for a, b in zip(run["gen"], alone[server, "unmerge"]["gen"])]
+    diffs = [d for ds, _ in pairs for d in ds]
+    check(f"merged-alone {server}: a8 merged = a8 unmerged (decode)", diffs,
+          ok=max(diffs, default=0.0) <= TOL and min(k for _, k in pairs) >= 2,
+          note=f"shared tokens per request {[k for _, k in pairs]}")
+pairs = [common_prefix_diffs(a, b) for a, b in zip(alone["graph", "merge"]["gen"], alone["nograph", "merge"]["gen"])]
+diffs = [d for ds, _ in pairs for d in ds]
+check("graph-vs-nograph decode merge a8, a8's requests alone", diffs,
+      ok=max(diffs, default=0.0) <= TOL and min(k for _, k in pairs) >= 2,
+      note=f"shared tokens per request {[k for _, k in pairs]}")
+runs.update({(s, f"alone-{m}"): r for (s, m), r in alone.items()})
+
 base_scores = runs["graph", 0]["ref"]
 for k, adapter in enumerate(ADAPTERS[1:], start=1):
     step = len(ADAPTERS)

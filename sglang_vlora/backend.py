@@ -103,6 +103,10 @@ class ATMMLoRABackend(BaseLoRABackend):
     """LoRA over work items; kernels chosen by :mod:`sglang_vlora.atmm.ops`."""
 
     name = "atmm"
+    # A batch with no work items (every token the merged adapter's or the base model's) has no
+    # active LoRA (mode_hooks.no_work_no_lora_after): SGLang's layers then run the base alone,
+    # and its decode runner captures a base-only graph beside the LoRA one to replay for it.
+    skip_inactive_dense_lora = True
 
     def __init__(
         self,
@@ -126,6 +130,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.graph_items: StaticWorkItems | None = None
         self.side_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
+        self.has_lora_work = False  # whether the prepared batch has any work item
 
     # ------------------------------------------------------------------ set-up
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
@@ -190,6 +195,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # (k's tokens nothing, others +own -k, base-only -k).
         if use_cuda_graph:
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
+            self.has_lora_work = items.num_items > 0
             self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation)
             return
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
@@ -197,6 +203,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
+        self.has_lora_work = self.work_items.num_items > 0
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
 
     def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:

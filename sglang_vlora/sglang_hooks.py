@@ -195,6 +195,22 @@ _MODE_HOOKS = [
         ("self", "cur_uids"),
     ),
     Hook(
+        f"{LORA_MANAGER}.prepare_lora_batch",
+        HookType.AFTER,
+        mode_hooks.no_work_no_lora_after,
+        "SGLang counts a batch as LoRA-active when a request names an adapter; with that adapter "
+        "merged there is no LoRA work: mark such a batch inactive so the layers run the base alone",
+        ("self", "forward_batch"),
+    ),
+    Hook(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner._resolve_lora_variant",
+        HookType.AROUND,
+        mode_hooks.base_graph_without_work_around,
+        "SGLang replays its base-only decode graph only for batches naming no adapter: replay it "
+        "for batches without LoRA work (merged) too",
+        ("self", "forward_batch"),
+    ),
+    Hook(
         f"{LORA_MANAGER}.validate_lora_batch",
         HookType.AROUND,
         mode_hooks.count_merged_around,
@@ -277,7 +293,7 @@ _REGISTRATIONS = [
         "registration", BACKEND,
         "the atmm backend subclasses it; SGLang's LoRA manager reads batch_info and calls the methods",
         "backend.ATMMLoRABackend", params=("max_loras_per_batch", "device"),
-        attrs=("batch_info", "max_loras_per_batch", "device"),
+        attrs=("batch_info", "max_loras_per_batch", "device", "skip_inactive_dense_lora"),
     ),
     TouchPoint(
         "call", f"{BACKEND}.prepare_lora_batch", "SGLang calls our override before every forward",
@@ -309,7 +325,7 @@ _REGISTRATIONS = [
         "read", "sglang.srt.lora.utils.LoRABatchInfo", "SGLang's view of a batch, built by the backend",
         "backend.ATMMLoRABackend",
         attrs=("use_cuda_graph", "bs", "num_segments", "seg_indptr", "weight_indices", "lora_ranks",
-               "scalings", "max_len", "seg_lens", "expected_tokens"),
+               "scalings", "max_len", "seg_lens", "expected_tokens", "has_active_lora"),
     ),
     TouchPoint("call", "sglang.srt.lora.utils.generate_sequence_lengths", "tokens per request of a forward batch",
                "backend.ATMMLoRABackend._prepare", params=("forward_batch", "device")),
@@ -403,8 +419,9 @@ _SCHEDULER_READS = [
     TouchPoint("read", "sglang.srt.model_executor.model_runner.ModelRunner", "its LoRA manager and decode graphs",
                "orchestrator.runtime", attrs=("lora_manager", "decode_cuda_graph_runner")),
     TouchPoint("read", "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner",
-               "the largest decode CUDA graph caps the planned batch", "orchestrator.runtime._capacity",
-               attrs=("max_bs",)),
+               "the largest decode CUDA graph caps the planned batch; the base-only graph's variant "
+               "reads the LoRA manager", "orchestrator.runtime._capacity, modes.mode_hooks",
+               attrs=("max_bs", "model_runner")),
     TouchPoint("call", "sglang.srt.runtime_context.get_parallel", "TP rank, size and group of this scheduler",
                "orchestrator.runtime.Orchestrator", params=()),
     TouchPoint("read", "sglang.srt.runtime_context._parallel_fields", "TP rank 0 decides for every rank: "

@@ -71,6 +71,34 @@ def count_merged_around(rt: VLoRARuntime, original, self, lora_ids, *args, **kwa
     return original(self, lora_ids, *args, **kwargs)
 
 
+def no_work_no_lora_after(rt: VLoRARuntime, result, self, *args, **kwargs):
+    """AFTER ``LoRAManager.prepare_lora_batch``: SGLang marks a batch LoRA-active when any
+    request names an adapter; with that adapter merged into the weights its tokens need no
+    LoRA work. A batch the ``atmm`` backend found no work item for (every token the merged
+    adapter's or the base model's) is marked inactive, so SGLang's layers run the base
+    alone (no LoRA call, no launch) and its decode runner may replay the base-only graph
+    (:func:`base_graph_without_work_around`): merged batches cost what the base model does."""
+    backend = self.lora_backend
+    info = backend.batch_info
+    if info is not None and getattr(backend, "has_lora_work", True) is False:
+        info.has_active_lora = False
+    return result
+
+
+def base_graph_without_work_around(rt: VLoRARuntime, original, self, forward_batch, *args, **kwargs):
+    """AROUND ``DecodeCudaGraphRunner._resolve_lora_variant``: SGLang replays its base-only
+    ("nolora") decode graph only when no request names an adapter; a batch without LoRA
+    work (:func:`no_work_no_lora_after`) replays it too instead of the LoRA graph's empty
+    launches (two to three a module)."""
+    variant = original(self, forward_batch, *args, **kwargs)
+    if variant == "lora":
+        manager = self.model_runner.lora_manager
+        info = manager.lora_backend.batch_info if manager is not None else None
+        if info is not None and not info.has_active_lora:
+            return "nolora"
+    return variant
+
+
 def unload_around(rt: VLoRARuntime, original, self, lora_ref, *args, **kwargs):
     """AROUND ``LoRAManager.unload_lora_adapter``: refuse to unload the merged adapter
     (a failed result, which SGLang turns into a 400), forget the factors of others."""

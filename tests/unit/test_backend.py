@@ -178,6 +178,7 @@ def test_graph_path_replays_any_mode_and_item_count(kind, impl):
         ranks = [r if s in slots else 0 for s, r in enumerate(SLOTS_RANKS)]  # SGLang: batch's adapters only
         backend.prepare_lora_batch(decode_batch(len(slots)), slots, ranks, SCALINGS, use_cuda_graph=True)
         assert int((static.seg_lens > 0).sum()) == num_items, label
+        assert backend.has_lora_work == (num_items > 0), label
         n = len(slots)
         # The replayed graph runs at the captured (padded) size; padding rows are NaN.
         x = torch.full((GRAPH_BS, D_IN), float("nan"))
