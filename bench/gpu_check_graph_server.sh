@@ -13,8 +13,8 @@
 #   graph-vs-nograph   decode log-probs (over the tokens both servers chose) and scores agree;
 #   restored           unmerged again = unmerged at first (tokens identical);
 #   merged-alone       with a8 merged, a8's requests alone (batches without LoRA work: the base
-#                      layers only, the base-only decode graph) decode as a8 unmerged does, and
-#                      as the server without graphs does;
+#                      layers only, the base-only decode graph) and base requests alone (only
+#                      -a8 items) decode as unmerged, and as the server without graphs does;
 #   adapters-matter    the adapters change the scores by far more than the tolerance.
 # Exit status 1 if any check fails. Results JSON: $OUT/gpu_check_graph_server.json (if $OUT).
 #
@@ -52,7 +52,7 @@ fi
 echo "model: $TINY/model  dtype: $DTYPE  tolerance: $TOL  logs: $LOGS"
 
 # SERVER_FLAGS replaces the GPU flags (a dry run of this script on a CPU machine: SERVER_FLAGS="").
-FLAGS=${SERVER_FLAGS---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --mem-fraction-static 0.3}
+FLAGS=${SERVER_FLAGS---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --mem-fraction-static 0.85 --max-total-tokens 16384}
 
 # Both servers start at once (the tiny model needs little memory: one start-up time), through the
 # launcher the tests and the end-to-end benchmark use (sglang_vlora/server_process.py); the
@@ -210,33 +210,39 @@ for server in URL:
     same = all(a["tokens"] == b["tokens"] for a, b in zip(first["gen"], last["gen"]))
     diffs = [abs(x - y) for a, b in zip(first["gen"], last["gen"]) for x, y in zip(a["logprobs"], b["logprobs"])]
     check(f"restored {server}: unmerged again = unmerged first", diffs, ok=same and max(diffs) <= TOL)
-# The merged adapter's requests alone: batches without LoRA work, which run the base
-# layers only (eager) and replay the base-only decode graph (graph server).
-ALONE = {"prompts": BASE_PROMPTS, "loras": ["a8"] * len(BASE_PROMPTS)}
+# One kind of request alone with a8 merged: a8's (batches without LoRA work: the base layers
+# only, the base-only decode graph) and the base model's (only -a8 items: the LoRA graph).
+GROUPS = {"a8": ["a8"] * len(BASE_PROMPTS), "base": [None] * len(BASE_PROMPTS)}
 alone = {}
 for server in URL:
     for mode, adapter in (("merge", "a8"), ("unmerge", None)):
         status, body = post(server, "/vlora/mode", {"mode": mode, "adapter": adapter})
         check(f"{server} alone {mode} {adapter}: POST /vlora/mode", [], ok=status == 200, note=str(body)[:120])
-        gen = generate(server, **ALONE)
-        alone[server, mode] = {"gen": gen, "own": score(server, [g["tokens"] for g in gen], **ALONE)}
-for server in URL:
-    run = alone[server, "merge"]
-    diffs = [abs(a - b) for g, s in zip(run["gen"], run["own"]) for a, b in zip(g["logprobs"], s)]
-    cov = coverage(run["own"])
-    check(f"decode-vs-prefill {server} merge a8, a8's requests alone", diffs,
-          ok=max(diffs) <= TOL and cov >= 0.5, note=f"{cov:.0%} of the tokens compared")
-    pairs = [common_prefix_diffs(a, b) for a, b in zip(run["gen"], alone[server, "unmerge"]["gen"])]
+        for group, loras in GROUPS.items():
+            gen = generate(server, BASE_PROMPTS, loras)
+            own = score(server, [g["tokens"] for g in gen], BASE_PROMPTS, loras)
+            alone[server, mode, group] = {"gen": gen, "own": own}
+
+
+def agreement(name, pairs_of_runs):
+    pairs = [common_prefix_diffs(a, b) for a, b in pairs_of_runs]
     diffs = [d for ds, _ in pairs for d in ds]
-    check(f"merged-alone {server}: a8 merged = a8 unmerged (decode)", diffs,
-          ok=max(diffs, default=0.0) <= TOL and min(k for _, k in pairs) >= 2,
+    check(name, diffs, ok=max(diffs, default=0.0) <= TOL and min(k for _, k in pairs) >= 2,
           note=f"shared tokens per request {[k for _, k in pairs]}")
-pairs = [common_prefix_diffs(a, b) for a, b in zip(alone["graph", "merge"]["gen"], alone["nograph", "merge"]["gen"])]
-diffs = [d for ds, _ in pairs for d in ds]
-check("graph-vs-nograph decode merge a8, a8's requests alone", diffs,
-      ok=max(diffs, default=0.0) <= TOL and min(k for _, k in pairs) >= 2,
-      note=f"shared tokens per request {[k for _, k in pairs]}")
-runs.update({(s, f"alone-{m}"): r for (s, m), r in alone.items()})
+
+
+for group in GROUPS:
+    for server in URL:
+        run = alone[server, "merge", group]
+        diffs = [abs(a - b) for g, s in zip(run["gen"], run["own"]) for a, b in zip(g["logprobs"], s)]
+        cov = coverage(run["own"])
+        check(f"decode-vs-prefill {server} merge a8, {group} requests alone", diffs,
+              ok=max(diffs) <= TOL and cov >= 0.5, note=f"{cov:.0%} of the tokens compared")
+        agreement(f"merged-alone {server}: {group} requests with a8 merged = unmerged (decode)",
+                  zip(run["gen"], alone[server, "unmerge", group]["gen"]))
+    agreement(f"graph-vs-nograph decode merge a8, {group} requests alone",
+              zip(alone["graph", "merge", group]["gen"], alone["nograph", "merge", group]["gen"]))
+runs.update({(s, f"alone-{m}-{g}"): r for (s, m, g), r in alone.items()})
 
 base_scores = runs["graph", 0]["ref"]
 for k, adapter in enumerate(ADAPTERS[1:], start=1):

@@ -131,6 +131,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.side_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
+        # Batches prepared without any work item, by layout, since start-up (graph capture's
+        # base-only batches included): /vlora/status shows them (ModeController.status).
+        self.batches_without_work = {"eager": 0, "graph": 0}
 
     # ------------------------------------------------------------------ set-up
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
@@ -195,7 +198,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # (k's tokens nothing, others +own -k, base-only -k).
         if use_cuda_graph:
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
-            self.has_lora_work = items.num_items > 0
+            self._count_work(items.num_items, "graph")
             self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation)
             return
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
@@ -203,8 +206,13 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
-        self.has_lora_work = self.work_items.num_items > 0
+        self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    def _count_work(self, num_items: int, layout: str) -> None:
+        self.has_lora_work = num_items > 0
+        if not self.has_lora_work:
+            self.batches_without_work[layout] += 1
 
     def _on_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """A host list on the device through pinned memory: the copy does not stall the host."""

@@ -198,16 +198,18 @@ _MODE_HOOKS = [
         f"{LORA_MANAGER}.prepare_lora_batch",
         HookType.AFTER,
         mode_hooks.no_work_no_lora_after,
-        "SGLang counts a batch as LoRA-active when a request names an adapter; with that adapter "
-        "merged there is no LoRA work: mark such a batch inactive so the layers run the base alone",
+        "SGLang counts a batch as LoRA-active when a request names an adapter; with an adapter "
+        "merged its requests need no LoRA work and base requests need its -k items: a batch is "
+        "active when it has work items, and an inactive one runs the base layers alone",
         ("self", "forward_batch"),
     ),
     Hook(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner._resolve_lora_variant",
         HookType.AROUND,
-        mode_hooks.base_graph_without_work_around,
-        "SGLang replays its base-only decode graph only for batches naming no adapter: replay it "
-        "for batches without LoRA work (merged) too",
+        mode_hooks.lora_graph_if_work_around,
+        "SGLang replays its base-only decode graph for batches naming no adapter: replay it for "
+        "batches without LoRA work instead (merged requests: base-only; base requests with an "
+        "adapter merged: the LoRA graph)",
         ("self", "forward_batch"),
     ),
     Hook(

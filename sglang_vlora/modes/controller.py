@@ -200,6 +200,9 @@ class ModeController:
             "last_switch_ms": self.last_switch_ms,
             "pristine_bytes": sw.pristine_bytes if sw is not None else 0,
             "paths": dict(sw.paths) if sw is not None else {},
+            # batches that ran the base layers alone (no LoRA work), by layout: "graph" ones
+            # replayed the base-only decode graph (modes.mode_hooks.no_work_no_lora_after)
+            "batches_without_lora_work": dict(getattr(self.lora_manager.lora_backend, "batches_without_work", {})),
         }
 
     def merged_slot(self, lora_ranks: list[int], scalings: list[float]) -> int | None:

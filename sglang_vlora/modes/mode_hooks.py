@@ -72,31 +72,35 @@ def count_merged_around(rt: VLoRARuntime, original, self, lora_ids, *args, **kwa
 
 
 def no_work_no_lora_after(rt: VLoRARuntime, result, self, *args, **kwargs):
-    """AFTER ``LoRAManager.prepare_lora_batch``: SGLang marks a batch LoRA-active when any
-    request names an adapter; with that adapter merged into the weights its tokens need no
-    LoRA work. A batch the ``atmm`` backend found no work item for (every token the merged
-    adapter's or the base model's) is marked inactive, so SGLang's layers run the base
-    alone (no LoRA call, no launch) and its decode runner may replay the base-only graph
-    (:func:`base_graph_without_work_around`): merged batches cost what the base model does."""
+    """AFTER ``LoRAManager.prepare_lora_batch``: whether a batch is LoRA-active is whether the
+    ``atmm`` backend found work items for it. SGLang's own rule (a request names an adapter of
+    rank > 0) is wrong both ways once an adapter ``k`` is merged: ``k``'s requests need no
+    LoRA work, and base-model requests need the ``-k`` items. An inactive batch (every token
+    ``k``'s, or the base model's with nothing merged) runs the base layers alone (no LoRA call,
+    no launch) and replays the base-only decode graph (:func:`lora_graph_if_work_around`):
+    merged batches cost what the base model does."""
     backend = self.lora_backend
     info = backend.batch_info
-    if info is not None and getattr(backend, "has_lora_work", True) is False:
-        info.has_active_lora = False
+    work = getattr(backend, "has_lora_work", None)
+    if info is not None and work is not None:
+        info.has_active_lora = work
     return result
 
 
-def base_graph_without_work_around(rt: VLoRARuntime, original, self, forward_batch, *args, **kwargs):
-    """AROUND ``DecodeCudaGraphRunner._resolve_lora_variant``: SGLang replays its base-only
-    ("nolora") decode graph only when no request names an adapter; a batch without LoRA
-    work (:func:`no_work_no_lora_after`) replays it too instead of the LoRA graph's empty
-    launches (two to three a module)."""
+def lora_graph_if_work_around(rt: VLoRARuntime, original, self, forward_batch, *args, **kwargs):
+    """AROUND ``DecodeCudaGraphRunner._resolve_lora_variant``: with a base-only ("nolora")
+    decode graph captured, SGLang replays it when no request names an adapter. Replay it
+    when the batch has no LoRA work instead (:func:`no_work_no_lora_after`): a batch of the
+    merged adapter's requests skips the LoRA graph's empty launches, and a batch of base-model
+    requests with an adapter merged gets the LoRA graph its ``-k`` items need."""
     variant = original(self, forward_batch, *args, **kwargs)
-    if variant == "lora":
-        manager = self.model_runner.lora_manager
-        info = manager.lora_backend.batch_info if manager is not None else None
-        if info is not None and not info.has_active_lora:
-            return "nolora"
-    return variant
+    if variant is None:  # a single graph serves every batch
+        return variant
+    manager = self.model_runner.lora_manager
+    info = manager.lora_backend.batch_info if manager is not None else None
+    if info is None:
+        return variant
+    return "lora" if info.has_active_lora else "nolora"
 
 
 def unload_around(rt: VLoRARuntime, original, self, lora_ref, *args, **kwargs):

@@ -1,10 +1,11 @@
-"""Batches without LoRA work run the base model alone.
+"""A batch is LoRA-active exactly when it has work items.
 
-With adapter ``k`` merged, a batch of ``k``'s requests only (or of base-model requests)
-has no work item, yet SGLang counts it LoRA-active because its requests name an adapter.
-The plugin's hooks mark such a batch inactive, so SGLang's own layer logic
-(``BaseLayerWithLoRA.lora_active``) skips LoRA in eager forwards and its decode runner
-replays the base-only graph. Checked here with the real backend, SGLang's real
+With adapter ``k`` merged, a batch of ``k``'s requests only has no work item, yet SGLang
+counts it LoRA-active because its requests name an adapter; a batch of base-model requests
+needs the ``-k`` items, yet SGLang counts it inactive (no request names an adapter). The
+plugin's hooks set activity from the work items, so SGLang's own layer logic
+(``BaseLayerWithLoRA.lora_active``) skips LoRA exactly when there is none to run, in eager
+forwards, and its decode runner replays the base-only graph exactly then. Checked here with the real backend, SGLang's real
 ``lora_active`` property and ``_resolve_lora_variant`` method, and the hooks as registered;
 that a merged server's answers stay right is checked by the mode parity tests."""
 
@@ -19,7 +20,7 @@ from sglang.srt.model_executor.runner_utils.capture_mode import capture_lora_var
 
 from sglang_vlora.backend import ATMMLoRABackend
 from sglang_vlora.config import VLoRAConfig
-from sglang_vlora.modes.mode_hooks import base_graph_without_work_around, no_work_no_lora_after
+from sglang_vlora.modes.mode_hooks import lora_graph_if_work_around, no_work_no_lora_after
 from sglang_vlora.runtime import VLoRARuntime
 
 RANKS = [0, 8, 16, 4]  # slot 0: the base model
@@ -63,7 +64,7 @@ def lora_active(backend) -> bool:
 
 def replayed_variant(rt, manager, lora_ids) -> str | None:
     runner = SimpleNamespace(record_nolora_graph=True, model_runner=SimpleNamespace(lora_manager=manager))
-    return base_graph_without_work_around(
+    return lora_graph_if_work_around(
         rt, DecodeCudaGraphRunner._resolve_lora_variant, runner, SimpleNamespace(lora_ids=lora_ids)
     )
 
@@ -73,6 +74,7 @@ CASES = [  # (label, merged slot, request slots, LoRA work expected)
     ("merged adapter and base-model requests (-k items)", MERGED_SLOT, [2, 0, 2], True),
     ("merged adapter and another adapter (mixture)", MERGED_SLOT, [2, 1], True),
     ("nothing merged, adapters", None, [1, 3], True),
+    ("merged adapter, base-model requests only (-k items)", MERGED_SLOT, [0, 0], True),
     ("nothing merged, base model only", None, [0, 0], False),
 ]
 
@@ -82,6 +84,8 @@ CASES = [  # (label, merged slot, request slots, LoRA work expected)
 def test_batches_without_work_skip_lora(label, merged, slots, work, graph):
     rt, backend, manager = prepared(merged, slots, graph)
     assert backend.has_lora_work is work
+    layout = "graph" if graph else "eager"
+    assert backend.batches_without_work == {"eager": 0, "graph": 0, layout: 0 if work else 1}
     assert backend.batch_info.has_active_lora is work
     assert lora_active(backend) is work
     lora_ids = [None if s == 0 else f"uid{s}" for s in slots]
@@ -104,7 +108,7 @@ def test_a_runner_without_the_base_graph_keeps_its_variant():
     """SGLang captured no base-only graph (record_nolora_graph off): the variant stays None."""
     rt, _, manager = prepared(MERGED_SLOT, [2, 2], graph=True)
     runner = SimpleNamespace(record_nolora_graph=False, model_runner=SimpleNamespace(lora_manager=manager))
-    got = base_graph_without_work_around(
+    got = lora_graph_if_work_around(
         rt, DecodeCudaGraphRunner._resolve_lora_variant, runner, SimpleNamespace(lora_ids=["uid2", "uid2"])
     )
     assert got is None

@@ -58,6 +58,25 @@ def test_a_mixed_batch_in_mixture_mode(server, unmerged_after):
         assert gen.tokens == alone[adapter].tokens, adapter
 
 
+def test_merged_adapters_requests_run_without_lora_work(server, reference, unmerged_after):
+    """With c32 merged its requests have no LoRA work: every batch of one runs the base layers
+    alone (counted in /vlora/status), and still matches HF + peft; another adapter's request
+    (mixture) has work in every batch."""
+
+    def without_work():
+        status = httpx.get(server.url + "/vlora/status", timeout=60).json()
+        return sum(status["batches_without_lora_work"].values())
+
+    assert set_mode(server, "merge", "c32").status_code == 200
+    before = without_work()
+    gen = sglang_generate(server.url, TEXT, "c32")
+    assert_matches_reference(reference, gen, TEXT, None, "c32")
+    assert without_work() - before >= len(gen.tokens)  # the prefill and every decode step
+    before = without_work()
+    sglang_generate(server.url, TEXT, "a8")
+    assert without_work() == before
+
+
 def test_switches_and_unmerge_restore_the_base(server, reference, unmerged_after):
     before = httpx.get(server.url + "/vlora/status", timeout=60).json()["switch_count"]
     for mode, adapter in [("merge", "a8"), ("merge", "c32"), ("mixture", "b16"), ("unmerge", None)]:
