@@ -404,6 +404,20 @@ def _expand_kernel(
     return output
 
 
+def _compile_expand_variants(inter, b_buffer, output, items: WorkItems, permutation, slice_offsets, rows, config):
+    """Compile the expand kernel for one layer of items and for overlapping layers (mixture:
+    the kernel then checks each item's layer, a constexpr): a batch of the other kind first
+    seen while serving would otherwise compile its variant then, stalling every request in
+    flight for about a second."""
+    from sglang_vlora.atmm import triton_kernels
+
+    common = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts)
+    # num_layers only selects the variant (CHECK_LAYER = num_layers > 1); any int32 [n_items] stands in for layers
+    for layers, num_layers in ((None, 1), (items.seg_lens, 2)):
+        triton_kernels.launch_expand(inter, b_buffer, output, *common, layers, num_layers, items.ranks, permutation,
+                                     slice_offsets, rows, config, compile_only=True)
+
+
 def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ...], output, impl: str) -> Callable:
     """``plan(inter, b_buffer, output)`` for this shape and batch."""
     from sglang_vlora.atmm import cuda_ext, triton_kernels
@@ -421,11 +435,11 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
             inter, b, out, *item_args, items.permutation, slice_offsets, row_tiles, cfg
         )
     rows = min(items.total_rows, output.shape[0])
-    args = (inter, b_buffer, output, *item_args, _kernel_permutation(items, output.shape[0]), slice_offsets)
+    perm = _kernel_permutation(items, output.shape[0])
+    args = (inter, b_buffer, output, *item_args, perm, slice_offsets)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
-    _compile_table_configs(
-        "expand", key, output, lambda c: triton_kernels.launch_expand(*args, rows, c, compile_only=True)
-    )
+    _compile_table_configs("expand", key, output, lambda c: _compile_expand_variants(inter, b_buffer, output, items,
+                                                                                     perm, slice_offsets, rows, c))
     prepared = triton_kernels.prepare_expand(*args, rows, cfg)
 
     def run(inter: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:

@@ -1,6 +1,8 @@
 """GPU check: the first eager call of a shape compiles the Triton kernel of every config
-the tiling table may pick for it, so a token count first seen while serving launches an
-already compiled kernel (skipped without CUDA or under Triton's interpreter)."""
+the tiling table may pick for it, both expand variants included (one layer of items, and
+the overlapping layers of a mixture batch), so a token count or a mixture batch first seen
+while serving launches an already compiled kernel (skipped without CUDA or under Triton's
+interpreter)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def _compiled(kernel) -> int:
 def test_first_call_of_a_shape_compiles_every_table_config() -> None:
     from sglang_vlora.atmm import ops, tiling, triton_kernels
     from sglang_vlora.atmm.work_items import build_work_items
+    from sglang_vlora.modes.delora import mode_work_items
 
     k, rank, widths = 1152, 48, (1152, 256, 256)  # a shape no other test uses: nothing compiled yet
     dev = ops._device_name(torch.empty(1, device="cuda"))
@@ -40,5 +43,14 @@ def test_first_call_of_a_shape_compiles_every_table_config() -> None:
     x = torch.randn(3000, k, device="cuda", dtype=torch.bfloat16)
     items = build_work_items([0], [3000], [1], [1.0], [0, rank], device="cuda")
     ops.lora_apply(x, a, b, items, offsets, torch.zeros(3000, sum(widths), device="cuda", dtype=x.dtype))
+    torch.cuda.synchronize()
+    assert (_compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)) == after
+    # nor does a mixture batch (overlapping +x / -k items: the expand's layer-checking variant)
+    a3 = torch.randn(3, 3 * rank, k, device="cuda", dtype=torch.bfloat16)
+    b3 = torch.randn(3, sum(widths), rank, device="cuda", dtype=torch.bfloat16)
+    items = mode_work_items([0, 500], [500, 700], [1, 0], [0, rank, rank], [0.0, 1.0, 0.5], 2, device="cuda")
+    assert items.num_layers == 2
+    x = torch.randn(1200, k, device="cuda", dtype=torch.bfloat16)
+    ops.lora_apply(x, a3, b3, items, offsets, torch.zeros(1200, sum(widths), device="cuda", dtype=x.dtype))
     torch.cuda.synchronize()
     assert (_compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)) == after
