@@ -31,16 +31,6 @@ from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 
 @triton.jit
-def _dot(a, b):
-    """``a @ b`` in fp32 accumulation; float32 operands in IEEE precision (Triton's default is
-    TF32), as torch multiplies the base layer's float32 weights, so an unmerged adapter's
-    delta is as exact as a merged one's (``modes.fold_kernel`` folds float32 in IEEE too)."""
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@triton.jit
 def _find_tile(
     t,
     seg_lens_ptr,
@@ -134,7 +124,7 @@ def _shrink_kernel(
             k_mask = offs_k + k < K
             xt = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             at = tl.load(a_ptrs, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
-        acc += _dot(xt, at)
+        acc += tl.dot(xt, at)
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
 
@@ -272,7 +262,7 @@ def _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, MASK_K: tl.constex
         b_mask = n_mask[None, :]
     it = tl.load(i_ptrs, mask=i_mask, other=0.0)
     bt = tl.load(b_ptrs, mask=b_mask, other=0.0)
-    return acc + _dot(it.to(bt.dtype), bt)
+    return acc + tl.dot(it.to(bt.dtype), bt)
 
 
 def _cdiv(a: int, b: int) -> int:
