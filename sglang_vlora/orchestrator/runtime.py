@@ -40,6 +40,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from sglang_vlora.config import VLoRAConfig
+from sglang_vlora.orchestrator.admission_waits import AdmissionWaits
 from sglang_vlora.orchestrator.cost_model import SWITCH_KINDS, CostModel, MeasuredCosts, OutputLengths
 from sglang_vlora.orchestrator.limits import DerivedLimits
 from sglang_vlora.orchestrator.policy import PolicyConfig, make_policy
@@ -111,6 +112,8 @@ class Orchestrator:
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
         self._arrival: dict[str, float] = {}
+        self._admitted: set[str] = set()  # requests in flight the policy has admitted (their wait is recorded)
+        self.admission_waits = AdmissionWaits()
         self._first_run: dict[str, float] = {}
         self._outputs = OutputLengths()
         self._tracked: dict[str, Any] = {}  # running requests of the last decision, to learn from when they finish
@@ -136,6 +139,7 @@ class Orchestrator:
                     self.metrics.starving.set(0)
             self.admit = frozenset()
             self._arrival.clear()
+            self._admitted.clear()
             self.limits.idle()
             if self.measured is not None and not self._calibrated and self.lora_manager.loras:
                 self._calibrated = True
@@ -212,7 +216,18 @@ class Orchestrator:
         )
         decision = self._policy.decide(state)
         self._report_queue(dict(Counter(self._name(r.adapter) for r in state.requests)))
+        self._record_waits(state, decision, now)
         return decision
+
+    def _record_waits(self, state: SchedulerState, decision: Decision, now: float) -> None:
+        """The wait of every request this decision admits for the first time (a chosen
+        request SGLang could not take yet stays waiting and is not counted twice)."""
+        self._admitted &= {r.rid for r in state.requests}
+        admit = set(decision.admit) - self._admitted
+        for request in state.waiting:
+            if request.rid in admit:
+                self.admission_waits.record(self._name(request.adapter), max(0.0, now - request.arrival))
+        self._admitted |= admit
 
     def _learn_from_finished(self, running: list, now: float) -> None:
         """Output length and execution time of every request that finished since the last call."""
@@ -363,6 +378,7 @@ class Orchestrator:
                 "admitted": len(decision.admit),
             },
             "queue": self.queue,
+            "admission_waits": self.admission_waits.report(),
             "switches": sum(self.switches.values()),
             "switches_by_kind": {kind: self.switches.get(kind, 0) for kind in SWITCH_KINDS},
             "switch_seconds_total": self.switch_seconds,

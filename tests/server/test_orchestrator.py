@@ -80,6 +80,7 @@ def generate_and_check(server, reference, texts: list[str], adapters: list[str |
 def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     adapters = ["a8"] * 26 + ["b16", "c32", "d8", None, "b16", "c32"]  # 81% on a8
     random.Random(0).shuffle(adapters)
+    waits_before = status(orchestrated)["orchestrator"]["admission_waits"]
     ran = run_workload(orchestrated, reference, adapters)
     total = sum(ran.values())
     assert ran["merge"] + ran["mixture"] >= total / 2, ran
@@ -87,6 +88,15 @@ def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     state = status(orchestrated)
     assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
     assert state["mode"] == "unmerge"  # the other adapters' requests ran last
+    # every request's admission wait is counted under its adapter; with a8 merged the others
+    # were held back (theta 60 s: until a8's requests were done), so they waited longer
+    waits = state["orchestrator"]["admission_waits"]
+    grew = {name: (w["requests"] - waits_before.get(name, {}).get("requests", 0),
+                   w["total_s"] - waits_before.get(name, {}).get("total_s", 0.0)) for name, w in waits.items()}
+    expected = {name: sum((a or "base") == name for a in adapters) for name in {a or "base" for a in adapters}}
+    assert {name: n for name, (n, _) in grew.items() if n} == expected
+    others = [total_s / n for name, (n, total_s) in grew.items() if n and name != "a8"]
+    assert min(others) > grew["a8"][1] / grew["a8"][0], grew
 
 
 def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
