@@ -89,14 +89,16 @@ def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
     assert state["mode"] == "unmerge"  # the other adapters' requests ran last
     # every request's admission wait is counted under its adapter; with a8 merged the others
-    # were held back (theta 60 s: until a8's requests were done), so they waited longer
+    # were held back (theta 60 s: until a8's requests were done), so on average they waited
+    # longer (one may be admitted at once: the first request the scheduler sees is alone)
     waits = state["orchestrator"]["admission_waits"]
     grew = {name: (w["requests"] - waits_before.get(name, {}).get("requests", 0),
                    w["total_s"] - waits_before.get(name, {}).get("total_s", 0.0)) for name, w in waits.items()}
     expected = {name: sum((a or "base") == name for a in adapters) for name in {a or "base" for a in adapters}}
     assert {name: n for name, (n, _) in grew.items() if n} == expected
-    others = [total_s / n for name, (n, total_s) in grew.items() if n and name != "a8"]
-    assert min(others) > grew["a8"][1] / grew["a8"][0], grew
+    others = [grew[name] for name in expected if name != "a8"]
+    mean_others = sum(t for _, t in others) / sum(n for n, _ in others)
+    assert mean_others > grew["a8"][1] / grew["a8"][0], grew
 
 
 def test_a_uniform_workload_runs_unmerged(orchestrated, reference):
