@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.e2e import plan
+from bench.e2e import plan, servers
 from bench.provenance import revision_label
 
 SCHEMAS = ("sglang-vlora/e2e/v2",)
@@ -163,18 +163,31 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 
 
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| call | system | point | repeat | iterations per mode | decisions | switches | max batch, theta |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| call | system | point | repeat | iterations per mode | decisions | switches | max batch, theta "
+             "| batches without LoRA work | admitted after waiting > 0.25 s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
-            orch = m.get("orchestrator")
+            status = m.get("vlora_status")
+            # from the recorded /vlora/status readings where the run kept them (what today's
+            # summary takes from them), else the summary the run wrote
+            orch = servers.orchestrator_summary(status.get("before"), status.get("after")) if status else None
+            orch = orch or m.get("orchestrator")
             if m.get("status") != "ok" or not orch:
                 continue
             cfg = orch.get("config", {})
             lines.append(f"| {run['call']['name']} | {m['system']} | {m['point']} | {m['repeat']} | "
                          f"{_counts(orch.get('iterations'))} | {_counts(orch.get('decisions'))} | "
-                         f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} |")
+                         f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} | "
+                         f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} |")
     return lines
+
+
+def _long_waits(waits: dict[str, Any] | None, over: str = "0.25") -> str:
+    """Per adapter, requests admitted after waiting more than ``over`` seconds, of all admitted."""
+    if not waits:
+        return "-"
+    return ", ".join(f"{name} {w.get('over_s', {}).get(over, 0)}/{w.get('requests', 0)}" for name, w in waits.items())
 
 
 def _split(groups: dict[str, Any]) -> tuple[tuple[int, float | None], tuple[int, float | None]]:

@@ -176,15 +176,24 @@ def status_delta(before: Any, after: Any) -> Any:
 
 
 def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Decisions, iterations per mode and switches during a measurement, from whatever of
-    those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
+    """Decisions, iterations per mode, switches, admission waits per adapter and batches that
+    ran without LoRA work during a measurement, from whatever of those ``/vlora/status``
+    reports (under ``orchestrator``, or at the top level)."""
     if not after:
         return None
     delta = status_delta(before or {}, after)
     orch = delta.get("orchestrator") if isinstance(delta.get("orchestrator"), dict) else delta
     summary = {k: orch[k] for k in ("iterations", "decisions", "switches", "switch_seconds_total") if k in orch}
+    if isinstance(orch.get("admission_waits"), dict):
+        # per adapter: the counters' differences (a longest wait is not a counter: left out)
+        summary["admission_waits"] = {
+            name: {k: v for k, v in waits.items() if k != "max_s"}
+            for name, waits in orch["admission_waits"].items() if isinstance(waits, dict)
+        }
     config = (after.get("orchestrator") or {}) if isinstance(after.get("orchestrator"), dict) else after
     summary["config"] = {k: config[k] for k in ("policy", "admission", "theta_s", "max_batch") if k in config}
     if "switch_count" in delta:
         summary["mode_switches"] = delta["switch_count"]
+    if isinstance(delta.get("batches_without_lora_work"), dict):
+        summary["batches_without_lora_work"] = delta["batches_without_lora_work"]
     return summary
