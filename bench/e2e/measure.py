@@ -109,7 +109,21 @@ def run_own(server: ServerProcess, requests: list[Request],
     }
     labels = [r.adapter for r in requests] if adapters is None else list(adapters)
     return {"metrics": metrics, "slo": m["slo"], "per_task": per_task(results),
-            "per_adapter": per_adapter(results, labels), "error_samples": errors[:5]}
+            "per_adapter": per_adapter(results, labels), "per_request": per_request(results),
+            "error_samples": errors[:5]}
+
+
+def per_request(results: Sequence[client.Result]) -> dict[str, list]:
+    """Every request's E2E and TTFT (ms, None when it failed), by its index in the point's
+    request list: every system of a call gets the same requests, so a system's latency can
+    be set against the floor's for the same request (the report's paired LoRA cost)."""
+    ordered = sorted(results, key=lambda r: r.index)
+
+    def ms(value: float | None, ok: bool) -> float | None:
+        return round(value * 1e3, 2) if ok and value is not None else None
+
+    return {"index": [r.index for r in ordered], "e2e_ms": [ms(r.latency_s, r.ok) for r in ordered],
+            "ttft_ms": [ms(r.ttft_s, r.ok) for r in ordered]}
 
 
 def per_task(results: Sequence[client.Result]) -> dict[str, Any]:

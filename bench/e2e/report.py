@@ -220,6 +220,36 @@ def adapter_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def paired_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Our client's measurements, request by request against the floor: every system of a
+    call gets the same requests (same seed), so per repeat the median over requests of
+    (system's E2E - floor's E2E for the same request) is a LoRA cost that a few slow
+    requests (queueing tails) move far less than the difference of means does."""
+    costs: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+    for run in runs:
+        ok = [m for m in run["measurements"] if m.get("status") == "ok" and m.get("per_request")]
+        floors = {(m["point"], m["repeat"]): m["per_request"] for m in ok if m["system"] == plan.FLOOR}
+        for m in ok:
+            floor = floors.get((m["point"], m["repeat"]))
+            if m["system"] == plan.FLOOR or floor is None:
+                continue
+            theirs = dict(zip(floor["index"], floor["e2e_ms"], strict=True))
+            diffs = [e2e - theirs[i] for i, e2e in zip(m["per_request"]["index"], m["per_request"]["e2e_ms"],
+                                                         strict=True)
+                     if e2e is not None and theirs.get(i) is not None]
+            if diffs:
+                costs[m["point"], m["system"]].append((statistics.median(diffs), len(diffs)))
+    if not costs:
+        return []
+    lines = ["| point | system | median paired LoRA cost ms (min-max, n repeats) | requests paired per repeat |",
+             "|---|---|---|---|"]
+    for (point, system), values in sorted(costs.items()):
+        medians = [v for v, _ in values]
+        spread = {"mean": statistics.fmean(medians), "min": min(medians), "max": max(medians), "n": len(medians)}
+        lines.append(f"| {point} | {system} | {_cell(spread, 1)} | {', '.join(str(n) for _, n in values)} |")
+    return lines
+
+
 def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
@@ -258,6 +288,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     if speed is not None:
         lines += ["", f"Video understanding (6 frames), ours: LM decoding / task heads latency = {speed:.2f}x."]
     lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
+    paired = paired_table(runs)
+    if paired:
+        lines += ["", "## LoRA cost request by request (our client)", "", *paired]
     by_adapter = adapter_table(runs)
     if by_adapter:
         lines += ["", "## The most requested adapter's requests and the others' (our client)", "", *by_adapter]

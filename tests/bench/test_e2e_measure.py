@@ -1,4 +1,5 @@
-"""The benchmark's split of one measurement's results by adapter."""
+"""The benchmark's split of one measurement's results by adapter and by request, and the
+report's tables that set them against the floor's same requests."""
 
 import pytest
 
@@ -42,3 +43,33 @@ def test_report_sets_each_group_against_the_floors_same_requests():
     assert floor_row == "| vision-skewed | vision-skewed | 0 | nolora | 2, 300 | 2, 400 |"
     # others: mean of 500 and 600 = 550, 150 over the floor's 400 for the same two requests
     assert ours_row == "| vision-skewed | vision-skewed | 0 | vlora | 2, 310 (+10) | 2, 550 (+150) |"
+
+
+def test_per_request_lists_latencies_by_request_index():
+    results = [result(2, 0.6), result(0, 0.2), result(1, None, "timeout")]
+    rows = measure.per_request(results)
+    assert rows == {"index": [0, 1, 2], "e2e_ms": [200.0, None, 600.0], "ttft_ms": [100.0, None, 300.0]}
+
+
+def test_report_pairs_each_request_with_the_floors_same_request():
+    from bench.e2e import report
+
+    def measurement(system: str, repeat: int, latencies_ms: list[float | None]) -> dict:
+        results = [result(i, None if ms is None else ms / 1e3, None if ms is not None else "timeout")
+                   for i, ms in enumerate(latencies_ms)]
+        return {"system": system, "point": "vision-skewed", "repeat": repeat, "status": "ok",
+                "per_request": measure.per_request(results)}
+
+    run = {"call": {"name": "vision-skewed"}, "measurements": [
+        measurement("nolora", 0, [300.0, 400.0, 500.0, 600.0, 700.0]),
+        # one slow request (a queueing tail) moves the mean by +400 ms, the median not at all
+        measurement("vlora", 0, [310.0, 410.0, 510.0, 2600.0, None]),
+        measurement("nolora", 1, [300.0, 300.0, 300.0]),
+        measurement("vlora", 1, [330.0, 330.0, 330.0]),
+        measurement("csgmv", 2, [400.0]),  # no floor in this repeat: not paired
+    ]}
+    lines = report.paired_table([run])
+    # repeat 0: differences +10, +10, +10, +2000 (the failed request is left out): median +10
+    # repeat 1: +30 each; over the repeats: mean 20 (10-30)
+    assert lines[2:] == ["| vision-skewed | vlora | 20.0 (10.0-30.0, n=2) | 4, 3 |"]
+    assert report.paired_table([{"call": {"name": "x"}, "measurements": []}]) == []

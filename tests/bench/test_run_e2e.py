@@ -56,6 +56,9 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         assert sum(g["requests"] for g in groups.values()) == m["metrics"]["requests"], groups
         top, *others = groups.values()
         assert others and all(top["requests"] > g["requests"] for g in others), groups
+        rows = m["per_request"]  # every request by its index, for the report's pairing with the floor
+        assert rows["index"] == list(range(m["metrics"]["requests"]))
+        assert sum(e is not None for e in rows["e2e_ms"]) == m["metrics"]["completed"]
     heads = [m for m in done if m["point"] == "video-heads"]
     vu = heads[0]["per_task"]["video_understanding"]
     assert vu["completed"] == vu["output_tokens"] > 0  # one token per head answer
