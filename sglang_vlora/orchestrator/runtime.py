@@ -226,7 +226,7 @@ class Orchestrator:
         admit = set(decision.admit) - self._admitted
         for request in state.waiting:
             if request.rid in admit:
-                self.admission_waits.record(self._name(request.adapter), max(0.0, now - request.arrival))
+                self.admission_waits.record(self._name(request.adapter), now - request.arrival)
         self._admitted |= admit
 
     def _learn_from_finished(self, running: list, now: float) -> None:
