@@ -164,8 +164,8 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| call | system | point | repeat | iterations per mode | decisions | switches | max batch, theta "
-             "| batches without LoRA work | admitted after waiting > 0.25 s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
             status = m.get("vlora_status")
@@ -179,8 +179,16 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"| {run['call']['name']} | {m['system']} | {m['point']} | {m['repeat']} | "
                          f"{_counts(orch.get('iterations'))} | {_counts(orch.get('decisions'))} | "
                          f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} | "
-                         f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} |")
+                         f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} | "
+                         f"{_compiles(orch.get('kernel_compiles'))} |")
     return lines
+
+
+def _compiles(compiles: dict[str, Any] | None) -> str:
+    """Kernel launches that compiled a variant during the measurement, and their seconds."""
+    if not compiles:
+        return "-"
+    return f"{compiles.get('count', 0)} ({compiles.get('seconds', 0.0):.2f} s)"
 
 
 def _long_waits(waits: dict[str, Any] | None, over: str = "0.25") -> str:

@@ -176,9 +176,9 @@ def status_delta(before: Any, after: Any) -> Any:
 
 
 def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Decisions, iterations per mode, switches, admission waits per adapter and batches that
-    ran without LoRA work during a measurement, from whatever of those ``/vlora/status``
-    reports (under ``orchestrator``, or at the top level)."""
+    """Decisions, iterations per mode, switches, admission waits per adapter, batches that ran
+    without LoRA work and kernel launches that compiled during a measurement, from whatever of
+    those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
     if not after:
         return None
     delta = status_delta(before or {}, after)
@@ -196,4 +196,6 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
         summary["mode_switches"] = delta["switch_count"]
     if isinstance(delta.get("batches_without_lora_work"), dict):
         summary["batches_without_lora_work"] = delta["batches_without_lora_work"]
+    if isinstance(delta.get("kernel_compiles"), dict):
+        summary["kernel_compiles"] = delta["kernel_compiles"]
     return summary

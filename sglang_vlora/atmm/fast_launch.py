@@ -18,12 +18,24 @@ Triton's launch returns no compiled kernel and every launch takes Triton's path.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import torch
 import triton
 
+from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
+
 _INT32 = range(-(2**31), 2**31)
+
+
+def _variants(fn: Any) -> int | None:
+    """How many variants Triton holds compiled for ``fn`` (None under the interpreter,
+    which compiles nothing)."""
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:
+        return None
+    return sum(len(entry[0]) for entry in list(caches.values()))
 
 
 def _arg_key(arg: Any) -> Any:
@@ -71,7 +83,11 @@ class FastLauncher:
         if compiled is not None:
             compiled[(*grid, 1, 1)[:3]](*args, *values)
             return
+        before, start = _variants(self.fn), time.perf_counter()
         compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        after = _variants(self.fn)
+        if before is not None and after is not None and after > before:
+            LAUNCH_COMPILES.add(self.fn.__name__, time.perf_counter() - start)
         if isinstance(compiled, triton.compiler.CompiledKernel):
             self._compiled[key] = compiled
 

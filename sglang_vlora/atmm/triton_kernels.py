@@ -57,7 +57,15 @@ def _find_tile(
     return item, t - first, tl.sum(tl.where(here, lens, 0), 0)
 
 
-@triton.jit(do_not_specialize=["K", "n_tiles", "num_slices", "n_items"])
+# Integer arguments Triton must not specialise (on == 1 and % 16): those that change with
+# the batch (token and item counts, the split-K partials' stride, which grows with the rows)
+# would each compile a new variant in the middle of serving, after the first call of a shape
+# compiled every table config ahead (``ops._compile_table_configs``).
+SHRINK_UNSPECIALISED = ("K", "n_tiles", "stride_ps", "num_slices", "n_items")
+EXPAND_UNSPECIALISED = ("layer", "off0", "off1", "off2", "off3", "n_tiles", "n_items")
+
+
+@triton.jit(do_not_specialize=SHRINK_UNSPECIALISED)
 def _shrink_kernel(
     x_ptr,
     a_ptr,
@@ -168,7 +176,7 @@ def _store_split(acc, out_ptrs, part_ptrs, count_ptr, pid_k, stride_ps, mask, SP
         tl.atomic_xchg(count_ptr, 0)
 
 
-@triton.jit(do_not_specialize=["layer", "off0", "off1", "off2", "off3", "n_tiles", "n_items"])
+@triton.jit(do_not_specialize=EXPAND_UNSPECIALISED)
 def _expand_kernel(
     inter_ptr,
     b_ptr,
@@ -304,7 +312,7 @@ def launch_shrink(
     arguments select, launch nothing.
     """
     call = _shrink_call(x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices,
-                        row_bound, config, compile_only)
+                        row_bound, config)
     if call is not None:
         _launch(_SHRINK, *call, config, compile_only)
 
@@ -326,13 +334,12 @@ def prepare_shrink(
     """:func:`launch_shrink` with these arguments, prepared: ``prepared(x, a_buffer, out)``
     launches it for other tensors of the same shapes and strides (None: nothing to run)."""
     call = _shrink_call(x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices,
-                        row_bound, config, False)
+                        row_bound, config)
     return None if call is None else PreparedLaunch(_SHRINK, *call, config.num_warps, config.num_stages, lead=3)
 
 
 def _shrink_call(
     x, a_buffer, out, seg_starts, seg_lens, slots, row_starts, ranks, permutation, num_slices, row_bound, config,
-    compile_only,
 ):
     n_items = seg_lens.numel()
     if n_items == 0 or row_bound == 0:
@@ -346,8 +353,10 @@ def _shrink_call(
     if config.split_k > 1:
         if grid[0] > COUNTER_SLOTS:
             raise ValueError(f"{grid[0]} split-K tiles exceed {COUNTER_SLOTS} counters")
-        shape = (config.split_k, 1, 1) if compile_only else (config.split_k, *out.shape)
-        partials = torch.empty(shape, dtype=torch.float32, device=out.device)
+        # The real shape also when only compiling: Triton specialises integer arguments on
+        # == 1 and % 16, so a stand-in of shape (split_k, 1, 1) (strides 1) compiled a variant
+        # no launch uses, and the first launch compiled the real one while serving.
+        partials = torch.empty((config.split_k, *out.shape), dtype=torch.float32, device=out.device)
         counters = split_counters(out.device)
     else:
         partials = counters = out

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
 from sglang_vlora.modes.switcher import (
     LoRADelta,
     SwiftSwitcher,
@@ -203,6 +204,8 @@ class ModeController:
             # batches that ran the base layers alone (no LoRA work), by layout: "graph" ones
             # replayed the base-only decode graph (modes.mode_hooks.no_work_no_lora_after)
             "batches_without_lora_work": dict(getattr(self.lora_manager.lora_backend, "batches_without_work", {})),
+            # kernel launches that compiled a variant: graph capture's at start, none after warm-up
+            "kernel_compiles": LAUNCH_COMPILES.snapshot(),
         }
 
     def merged_slot(self, lora_ranks: list[int], scalings: list[float]) -> int | None:

@@ -54,3 +54,29 @@ def test_first_call_of_a_shape_compiles_every_table_config() -> None:
     ops.lora_apply(x, a3, b3, items, offsets, torch.zeros(1200, sum(widths), device="cuda", dtype=x.dtype))
     torch.cuda.synchronize()
     assert (_compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)) == after
+
+
+def test_prefill_token_counts_compile_nothing_at_launch() -> None:
+    """The benchmark model's q/k/v shape at rank 64, whose prefill configs split K on the
+    H200 and H100 tables: no launch of any token count, plain or mixture, compiles (the
+    compile-ahead compiles exactly the variants launches use; tests/kernels/test_compile_ahead_keys.py)."""
+    from sglang_vlora.atmm import ops
+    from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
+    from sglang_vlora.atmm.work_items import build_work_items
+    from sglang_vlora.modes.delora import mode_work_items
+
+    k, rank, widths = 3584, 64, (3584, 512, 512)
+    offsets = [0, widths[0], widths[0] + widths[1], sum(widths)]
+    a = torch.randn(3, 3 * rank, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    b = torch.randn(3, sum(widths), rank, device="cuda", dtype=torch.bfloat16) * 0.02
+    before = LAUNCH_COMPILES.count
+    for tokens in (40, 273, 601, 1001, 2500):
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        items = build_work_items([0], [tokens], [1], [1.0], [0, rank, rank], device="cuda")
+        ops.lora_apply(x, a, b, items, offsets, torch.zeros(tokens, sum(widths), device="cuda", dtype=x.dtype))
+        half = tokens // 2
+        mixture = mode_work_items([0, half], [half, tokens - half], [1, 0], [0, rank, rank], [0.0, 1.0, 0.5], 2,
+                                  device="cuda")
+        ops.lora_apply(x, a, b, mixture, offsets, torch.zeros(tokens, sum(widths), device="cuda", dtype=x.dtype))
+    torch.cuda.synchronize()
+    assert LAUNCH_COMPILES.count == before, LAUNCH_COMPILES.snapshot()

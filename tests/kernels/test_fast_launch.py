@@ -58,3 +58,33 @@ def test_launch_runs_the_kernel() -> None:
     dst = torch.zeros(10)
     launch((2,), (src, dst, 10), {"BLOCK": 8}, 4, 2)
     assert torch.equal(dst, src)
+
+
+class _FakeTritonKernel:
+    """Stands in for a JIT function on a GPU (none here): ``fn[grid](...)`` compiles a variant
+    per new ``BLOCK`` (growing ``device_caches`` as Triton does) and runs nothing."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.__name__ = fn, "_copy"
+        self.device_caches = {0: ({}, None, None, None, None)}
+
+    def __getitem__(self, grid):
+        def run(*args, BLOCK, num_warps, num_stages):
+            self.device_caches[0][0].setdefault(BLOCK, object())
+
+        return run
+
+
+def test_launches_that_compile_are_counted(monkeypatch) -> None:
+    from sglang_vlora.atmm.launch_compiles import LaunchCompiles
+
+    counts = LaunchCompiles()
+    monkeypatch.setattr("sglang_vlora.atmm.fast_launch.LAUNCH_COMPILES", counts)
+    launch = FastLauncher(_copy)
+    launch.fn = _FakeTritonKernel(_copy.fn)
+    src = torch.zeros(8)
+    launch((1,), (src, src, 8), {"BLOCK": 8}, 4, 2)
+    launch((1,), (src, src, 8), {"BLOCK": 8}, 4, 2)  # compiled already: not counted
+    launch((1,), (src, src, 8), {"BLOCK": 16}, 4, 2)
+    snap = counts.snapshot()
+    assert snap["count"] == 2 and snap["by_kernel"] == {"_copy": 2} and snap["seconds"] >= 0

@@ -1,0 +1,30 @@
+"""A count of the kernel launches that had to compile a Triton variant, kept apart from the
+launcher so that ``/vlora/status`` reads it without importing Triton."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LaunchCompiles:
+    """Launches that had to compile a kernel variant (or load it from Triton's disk cache):
+    each holds the scheduler's thread for as long (the GPU idles), and while serving every
+    request in flight waits. The first call of a shape compiles its variants ahead
+    (``ops._compile_table_configs``) and graph capture compiles the decode ones at start, so
+    after warm-up this count should stand still; ``/vlora/status`` reports it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.by_kernel: dict[str, int] = {}
+
+    def add(self, kernel: str, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+        self.by_kernel[kernel] = self.by_kernel.get(kernel, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"count": self.count, "seconds": self.seconds, "by_kernel": dict(self.by_kernel)}
+
+
+LAUNCH_COMPILES = LaunchCompiles()
