@@ -154,20 +154,43 @@ def per_adapter(results: Sequence[client.Result], adapters: Sequence[str | None]
     return out
 
 
-def sglang_argv(server: ServerProcess, point: Point, adapters: Sequence[str], seed: int, lora: bool,
-                out_file: Path) -> list[str]:
-    """The client's command line (after ``python -m sglang.benchmark.serving``)."""
+def sglang_argv(server: ServerProcess, point: Point, adapters: Sequence[str], seed: int, out_file: Path) -> list[str]:
+    """The client's command line (after ``python -m sglang.benchmark.serving``), the same for
+    every system of a call, the floor included: the floor's run sends the requests without
+    their adapters (``sglang_client.adapters_dropped``) but draws them, so its arrival times
+    are the LoRA systems' own. ``--output-details`` writes every request's TTFT and
+    inter-token latencies, in request order (``sglang_per_request``)."""
     argv = ["--backend", "sglang", "--base-url", server.url, "--dataset-name", "random-ids",
             "--random-input-len", str(point.input_len), "--random-output-len", str(point.output_len),
             "--random-range-ratio", "1", "--num-prompts", str(point.requests), "--request-rate", str(point.rate),
-            "--seed", str(seed), "--output-file", str(out_file), "--disable-tqdm"]
+            "--seed", str(seed), "--output-file", str(out_file), "--output-details", "--disable-tqdm"]
     if server.model_dir is not None:
         argv += ["--tokenizer", str(server.model_dir)]
-    if lora:
-        argv += ["--lora-name", *adapters, "--lora-request-distribution", point.distribution]
-        if point.distribution == "skewed":
-            argv += ["--lora-zipf-alpha", str(point.zipf_alpha)]
+    argv += ["--lora-name", *adapters, "--lora-request-distribution", point.distribution]
+    if point.distribution == "skewed":
+        argv += ["--lora-zipf-alpha", str(point.zipf_alpha)]
     return argv
+
+
+# What ``--output-details`` adds to the client's result line, one entry per request
+SGLANG_DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "cached_tokens",
+                  "cached_tokens_details")
+
+
+def sglang_per_request(raw: dict[str, Any]) -> dict[str, list] | None:
+    """Every request's E2E and TTFT (ms, None when it failed) from the client's details, by
+    request index: E2E is the TTFT plus the inter-token latencies, which is how the client
+    measures a request's latency (first chunk, then every later one). None without details."""
+    ttfts, itls, errors = raw.get("ttfts"), raw.get("itls"), raw.get("errors")
+    if ttfts is None or itls is None:
+        return None
+    errors = errors if errors is not None else [""] * len(ttfts)
+    e2e, ttft = [], []
+    for first, gaps, error in zip(ttfts, itls, errors, strict=True):
+        ok = not error and first is not None and first > 0
+        ttft.append(round(first * 1e3, 2) if ok else None)
+        e2e.append(round((first + sum(gaps)) * 1e3, 2) if ok else None)
+    return {"index": list(range(len(ttfts))), "e2e_ms": e2e, "ttft_ms": ttft}
 
 
 SGLANG_FIELDS = ("e2e_latency", "ttft", "tpot")
@@ -178,15 +201,18 @@ def run_sglang(worker: Worker, server: ServerProcess, point: Point, adapters: Se
     """Run SGLang's serving benchmark against ``server``; its summary line, normalized."""
     work_dir.mkdir(parents=True, exist_ok=True)
     out_file = work_dir / f"sglang_{server.name}_{point.id}_{time.monotonic_ns()}.jsonl"
-    argv = sglang_argv(server, point, adapters, seed, lora, out_file)
+    argv = sglang_argv(server, point, adapters, seed, out_file)
     t0 = time.monotonic()
-    worker.run(argv, timeout_s=point.arrivals_s + DRAIN_S + 120)
+    worker.run(argv, timeout_s=point.arrivals_s + DRAIN_S + 120, send_adapters=lora)
     client_s = time.monotonic() - t0
     lines = out_file.read_text().splitlines() if out_file.exists() else []
     if not lines:
         raise RuntimeError(f"{MODULE} wrote no result to {out_file}:\n{worker.log_tail()}")
     raw = json.loads(lines[-1])
     raw.pop("server_info", None)
+    requests = sglang_per_request(raw)
+    for key in SGLANG_DETAILS:
+        raw.pop(key, None)
     stats = {}
     for name, key in zip(("e2e_ms", "ttft_ms", "tpot_ms"), SGLANG_FIELDS, strict=True):
         stats[name] = {"mean": raw.get(f"mean_{key}_ms"), "p50": raw.get(f"median_{key}_ms"),
@@ -196,5 +222,6 @@ def run_sglang(worker: Worker, server: ServerProcess, point: Point, adapters: Se
                "output_tokens": raw.get("total_output_tokens"), "duration_s": raw.get("duration"),
                "request_throughput": raw.get("request_throughput"), "output_throughput": raw.get("output_throughput"),
                "input_tokens": raw.get("total_input_tokens")}
-    return {"metrics": metrics, "client_command": f"python -m {MODULE} " + " ".join(argv),
-            "client_seconds": round(client_s, 1), "sglang_result": raw}
+    sent = "" if lora else "   (requests sent without their adapters)"
+    return {"metrics": metrics, "client_command": f"python -m {MODULE} " + " ".join(argv) + sent,
+            "client_seconds": round(client_s, 1), "sglang_result": raw, "per_request": requests}

@@ -229,8 +229,9 @@ def adapter_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def paired_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """Our client's measurements, request by request against the floor: every system of a
-    call gets the same requests (same seed), so per repeat the median over requests of
+    """Measurements request by request against the floor: every system of a call gets the
+    same requests at the same times (same seed; SGLang's client draws the floor's adapters
+    too, sending none), so per repeat the median over requests of
     (system's E2E - floor's E2E for the same request) is a LoRA cost that a few slow
     requests (queueing tails) move far less than the difference of means does."""
     costs: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
@@ -298,7 +299,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
     paired = paired_table(runs)
     if paired:
-        lines += ["", "## LoRA cost request by request (our client)", "", *paired]
+        lines += ["", "## LoRA cost request by request", "", *paired]
     by_adapter = adapter_table(runs)
     if by_adapter:
         lines += ["", "## The most requested adapter's requests and the others' (our client)", "", *by_adapter]

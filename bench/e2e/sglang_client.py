@@ -5,7 +5,15 @@ Importing the client costs 5-40 s (it pulls in much of ``sglang.srt``); a call r
 several times, so a worker keeps it imported. Each run is the module's own ``cli_main()``
 with ``sys.argv`` set to the command line, exactly as ``python -m`` would run it. The
 worker's stdout and stderr (the client's printed report) go to a log file; the protocol is
-one JSON line per run on the original stdout: ``{"code": <exit code>, "error": ...}``.
+one JSON line per run each way: ``{"argv": [...], "send_adapters": true}`` on its stdin,
+``{"code": <exit code>, "error": ...}`` on the original stdout.
+
+``send_adapters`` false (the no-LoRA floor) runs the same command line, ``--lora-name`` and
+the distribution included, but sends every request without its adapter. The client draws
+each request's adapter from numpy's generator between the draws of the arrival intervals
+(``--lora-request-distribution skewed``), so a floor run without those flags would get other
+arrival times than the LoRA systems' runs of the same seed; with them it gets the same
+prompts at the same times, and its latencies pair with theirs request by request.
 
 Where the ``datasets`` package is missing (the CPU install leaves it out), the client's
 import of it fails although the ``random-ids`` dataset never uses it; the worker then
@@ -17,6 +25,7 @@ needs it fails loudly.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,10 +51,10 @@ class Worker:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo,
                                         env=env, start_new_session=True)
 
-    def run(self, argv: Sequence[str], timeout_s: float) -> None:
+    def run(self, argv: Sequence[str], timeout_s: float, send_adapters: bool = True) -> None:
         """Run the client with ``argv``; RuntimeError with the log tail if it fails."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(list(argv)) + "\n")
+        self.process.stdin.write(json.dumps({"argv": list(argv), "send_adapters": send_adapters}) + "\n")
         self.process.stdin.flush()
         answer: list[str] = []
         reader = threading.Thread(target=lambda: answer.append(self.process.stdout.readline()), daemon=True)
@@ -70,6 +79,24 @@ class Worker:
             self.process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def adapters_dropped(serving: types.ModuleType):
+    """While inside, every request the client builds goes out without its adapter (the
+    adapter is still drawn: see the module docstring)."""
+    original = serving.RequestFuncInput
+
+    def without_adapter(*args: object, **kwargs: object):
+        request = original(*args, **kwargs)
+        request.lora_name = None
+        return request
+
+    serving.RequestFuncInput = without_adapter
+    try:
+        yield
+    finally:
+        serving.RequestFuncInput = original
+
+
 def _serve(log_path: str) -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     log = open(log_path, "a", buffering=1)
@@ -86,12 +113,15 @@ def _serve(log_path: str) -> None:
         sys.modules["datasets"] = missing
     serving = importlib.import_module(MODULE)
     for line in sys.stdin:
-        argv = json.loads(line)
-        print(f"\n$ python -m {MODULE} {' '.join(argv)}", flush=True)
+        job = json.loads(line)
+        argv, send_adapters = job["argv"], job["send_adapters"]
+        note = "" if send_adapters else "   (requests sent without their adapters)"
+        print(f"\n$ python -m {MODULE} {' '.join(argv)}{note}", flush=True)
         sys.argv = [MODULE, *argv]
         reply: dict[str, object] = {"code": 0}
         try:
-            serving.cli_main()
+            with contextlib.nullcontext() if send_adapters else adapters_dropped(serving):
+                serving.cli_main()
         except SystemExit as e:
             reply["code"] = e.code if isinstance(e.code, int) else (1 if e.code else 0)
             reply["error"] = None if isinstance(e.code, int | None) else str(e.code)

@@ -73,3 +73,25 @@ def test_report_pairs_each_request_with_the_floors_same_request():
     # repeat 1: +30 each; over the repeats: mean 20 (10-30)
     assert lines[2:] == ["| vision-skewed | vlora | 20.0 (10.0-30.0, n=2) | 4, 3 |"]
     assert report.paired_table([{"call": {"name": "x"}, "measurements": []}]) == []
+
+
+def test_sglang_client_gets_one_command_line_for_every_system(tmp_path):
+    """The floor's run draws the adapters too (then sends none), so its arrival times are the
+    LoRA systems' own: the command line has no per-system part."""
+    from bench.e2e import plan
+    from sglang_vlora.server_process import ServerProcess
+
+    srv = ServerProcess(url="http://127.0.0.1:1", log_path=tmp_path / "log", process=None, command=[])
+    point = plan.CPU_POINTS["sgl-mixed"]
+    argv = measure.sglang_argv(srv, point, ["a", "b"], 3, tmp_path / "out.jsonl")
+    assert argv[argv.index("--lora-name") + 1: argv.index("--lora-name") + 3] == ["a", "b"]
+    assert "--output-details" in argv and argv[argv.index("--seed") + 1] == "3"
+
+
+def test_sglang_details_give_each_requests_latencies_in_request_order():
+    raw = {"ttfts": [0.1, 0.0, 0.2], "itls": [[0.01, 0.02], [], [0.05]], "errors": ["", "timeout", ""]}
+    rows = measure.sglang_per_request(raw)
+    assert rows["index"] == [0, 1, 2]
+    assert rows["ttft_ms"] == [100.0, None, 200.0]
+    assert rows["e2e_ms"] == [pytest.approx(130.0), None, pytest.approx(250.0)]
+    assert measure.sglang_per_request({"ttfts": None}) is None
