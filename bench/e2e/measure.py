@@ -166,9 +166,10 @@ def sglang_argv(server: ServerProcess, point: Point, adapters: Sequence[str], se
             "--seed", str(seed), "--output-file", str(out_file), "--output-details", "--disable-tqdm"]
     if server.model_dir is not None:
         argv += ["--tokenizer", str(server.model_dir)]
-    argv += ["--lora-name", *adapters, "--lora-request-distribution", point.distribution]
-    if point.distribution == "skewed":
-        argv += ["--lora-zipf-alpha", str(point.zipf_alpha)]
+    if adapters:  # the client refuses --lora-name without a name
+        argv += ["--lora-name", *adapters, "--lora-request-distribution", point.distribution]
+        if point.distribution == "skewed":
+            argv += ["--lora-zipf-alpha", str(point.zipf_alpha)]
     return argv
 
 

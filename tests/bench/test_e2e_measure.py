@@ -86,6 +86,7 @@ def test_sglang_client_gets_one_command_line_for_every_system(tmp_path):
     argv = measure.sglang_argv(srv, point, ["a", "b"], 3, tmp_path / "out.jsonl")
     assert argv[argv.index("--lora-name") + 1: argv.index("--lora-name") + 3] == ["a", "b"]
     assert "--output-details" in argv and argv[argv.index("--seed") + 1] == "3"
+    assert "--lora-name" not in measure.sglang_argv(srv, point, [], 3, tmp_path / "out.jsonl")
 
 
 def test_sglang_details_give_each_requests_latencies_in_request_order():
