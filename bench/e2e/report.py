@@ -163,9 +163,9 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 
 
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| call | system | point | repeat | iterations per mode | decisions | switches | max batch, theta "
-             "| batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| call | system | point | repeat | iterations per mode | decisions | decision reasons | switches "
+             "| max batch, theta | batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
             status = m.get("vlora_status")
@@ -178,6 +178,7 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             cfg = orch.get("config", {})
             lines.append(f"| {run['call']['name']} | {m['system']} | {m['point']} | {m['repeat']} | "
                          f"{_counts(orch.get('iterations'))} | {_counts(orch.get('decisions'))} | "
+                         f"{_nonzero_counts(orch.get('decision_reasons'))} | "
                          f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} | "
                          f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} | "
                          f"{_compiles(orch.get('kernel_compiles'))} |")
@@ -263,6 +264,11 @@ def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
     return ", ".join(f"{k} {v}" for k, v in d.items() if isinstance(v, int | float)) or "-"
+
+
+def _nonzero_counts(d: Any) -> str:
+    """:func:`_counts` without the zeros (a policy gives a few of the decision reasons)."""
+    return _counts({k: v for k, v in d.items() if v != 0} if isinstance(d, dict) else d)
 
 
 def problems(runs: Sequence[dict[str, Any]]) -> list[str]:

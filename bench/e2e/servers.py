@@ -176,14 +176,15 @@ def status_delta(before: Any, after: Any) -> Any:
 
 
 def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Decisions, iterations per mode, switches, admission waits per adapter, batches that ran
-    without LoRA work and kernel launches that compiled during a measurement, from whatever of
-    those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
+    """Decisions and their reasons, iterations per mode, switches, admission waits per adapter,
+    batches that ran without LoRA work and kernel launches that compiled during a measurement,
+    from whatever of those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
     if not after:
         return None
     delta = status_delta(before or {}, after)
     orch = delta.get("orchestrator") if isinstance(delta.get("orchestrator"), dict) else delta
-    summary = {k: orch[k] for k in ("iterations", "decisions", "switches", "switch_seconds_total") if k in orch}
+    counters = ("iterations", "decisions", "decision_reasons", "switches", "switch_seconds_total")
+    summary = {k: orch[k] for k in counters if k in orch}
     if isinstance(orch.get("admission_waits"), dict):
         # per adapter: the counters' differences (a longest wait is not a counter: left out)
         summary["admission_waits"] = {

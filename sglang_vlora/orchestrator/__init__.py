@@ -18,6 +18,7 @@ from sglang_vlora.orchestrator.cost_model import (
 from sglang_vlora.orchestrator.iteration_fit import IterationFit
 from sglang_vlora.orchestrator.limits import DerivedLimits
 from sglang_vlora.orchestrator.policy import (
+    DECISION_REASONS,
     Plan,
     PolicyConfig,
     SchedulingPolicy,
@@ -28,6 +29,7 @@ from sglang_vlora.orchestrator.policy import (
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState
 
 __all__ = [
+    "DECISION_REASONS",
     "CostModel",
     "CostModelError",
     "Decision",

@@ -18,8 +18,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sglang_vlora.orchestrator.policy import (
+    DRAIN_MERGED,
+    DRAIN_UNMERGED,
+    MERGE,
+    NEVER_MERGES,
+    SERVE_ONE_ADAPTER,
+    STARVING,
     Plan,
     SchedulingPolicy,
+    majority_reason,
     merge_condition,
     most_requested,
     queue_order,
@@ -59,10 +66,10 @@ class MergeOnlyPolicy(SchedulingPolicy):
             target = queue_order(state.requests, state)[0].adapter
         if runs_only(state.running, target):
             ordered = starving_first([r for r in starving if r.adapter == target], state.requests, state)
-            return Plan(target, [r for r in ordered if r.adapter == target])
+            return Plan(target, [r for r in ordered if r.adapter == target], SERVE_ONE_ADAPTER)
         if runs_only(state.running, state.merged):
-            return Plan(state.merged, [])  # drain the current adapter's requests first
-        return Plan(None, [])  # running requests of several adapters: finish them unmerged
+            return Plan(state.merged, [], DRAIN_MERGED)  # drain the current adapter's requests first
+        return Plan(None, [], DRAIN_UNMERGED)  # running requests of several adapters: finish them unmerged
 
 
 def runs_only(requests: Sequence[Request], adapter: str | None) -> bool:
@@ -81,7 +88,7 @@ class UnmergeOnlyPolicy(SchedulingPolicy):
         return (Mode.UNMERGE, None)
 
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
-        return Plan(None, starving_first(starving, state.requests, state))
+        return Plan(None, starving_first(starving, state.requests, state), NEVER_MERGES)
 
 
 @register_policy("dlora")
@@ -100,11 +107,13 @@ class DLoRAPolicy(SchedulingPolicy):
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
         if top is None or starving or not merge_condition(self.config, starving, top_requests):
-            return Plan(None, starving_first(starving, state.requests, state))
+            # as V-LoRA says it, except that a single starving request forces unmerge
+            reason = majority_reason(state, self.config, top_requests) or STARVING
+            return Plan(None, starving_first(starving, state.requests, state), reason)
         if runs_only(state.running, top):
-            return Plan(top, queue_order(top_requests, state))
+            return Plan(top, queue_order(top_requests, state), MERGE)
         if state.merged is None:
-            return Plan(None, queue_order(top_requests, state))  # drain the others unmerged
+            return Plan(None, queue_order(top_requests, state), DRAIN_UNMERGED)  # drain the others unmerged
         if runs_without_mixture(state.running, state.merged):
-            return Plan(state.merged, [])  # drain the merged adapter's requests first
-        return Plan(None, starving_first(starving, state.requests, state))
+            return Plan(state.merged, [], DRAIN_MERGED)  # drain the merged adapter's requests first
+        return Plan(None, starving_first(starving, state.requests, state), DRAIN_UNMERGED)

@@ -42,6 +42,10 @@ the others by running before waiting (they hold KV), then arrival. Admissions st
 adapter would exceed ``adapter_slots`` (SGLang's ``max_loras_per_batch``: distinct
 adapters of the batch, the base model included, and the merged adapter always counts).
 
+Every decision names its *reason* (:data:`DECISION_REASONS`), which ``/vlora/status``
+counts: why the weights are what they are, e.g. which half of line 5 failed when V-LoRA
+did not merge, or that the switch budget kept the weights.
+
 Policies are stateless: a decision is a function of the :class:`SchedulerState`, the
 :class:`PolicyConfig` and the cost model only. Nothing here reads a clock.
 """
@@ -58,6 +62,36 @@ from sglang_vlora.orchestrator.cost_model import CostModel
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState, WeightState
 
 ADMISSIONS = ("algorithm1", "all")  # see the module docstring
+
+# Why a decision went the way it did (Decision.reason). Every policy:
+IDLE = "idle"  # no request in flight: the weights stay as the policy keeps them idle
+# V-LoRA (Algorithm 1), and dLoRA where it decides alike:
+MERGE = "merge"  # line 5 holds: the top adapter has more than half of max batch, at most half of it starve
+NO_ADAPTER = "no_adapter"  # no request uses an adapter: nothing to merge
+NO_MAJORITY = "no_majority"  # the top adapter has at most half of the requests in flight
+BELOW_MAX_BATCH = "below_max_batch"  # more than half of those in flight, but at most half of max batch
+STARVING = "starving"  # the top adapter has more than half of max batch, but over half starve (dLoRA: any)
+KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch budget kept the current ones
+KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
+# The comparison policies (baselines.py):
+SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
+DRAIN_MERGED = "drain_merged"  # another adapter wanted: the current weights finish their running requests
+DRAIN_UNMERGED = "drain_unmerged"  # an adapter wanted, others' requests running (no mixture): clean weights
+NEVER_MERGES = "never_merges"  # unmerge-only
+DECISION_REASONS = (
+    IDLE,
+    MERGE,
+    NO_ADAPTER,
+    NO_MAJORITY,
+    BELOW_MAX_BATCH,
+    STARVING,
+    KEPT_SWITCH_BUDGET,
+    KEPT_NO_SLOT,
+    SERVE_ONE_ADAPTER,
+    DRAIN_MERGED,
+    DRAIN_UNMERGED,
+    NEVER_MERGES,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,7 @@ class Plan:
 
     adapter: str | None  # merged adapter of the next iteration; None: clean weights
     order: Sequence[Request]
+    reason: str  # one of DECISION_REASONS
 
 
 class SchedulingPolicy(ABC):
@@ -123,7 +158,7 @@ class SchedulingPolicy(ABC):
         """The mode, merged adapter and batch of the next iteration."""
         if not state.requests:
             mode, adapter = self.idle_weights(state)
-            return Decision(mode, adapter, (), (), (), {})
+            return Decision(mode, adapter, (), (), (), {}, IDLE)
         credits = compute_credits(state, self.cost, self.serving_states)
         starving = starving_requests(state, credits, self.config)
         plan = self.plan(state, credits, starving)
@@ -227,6 +262,19 @@ def merge_condition(config: PolicyConfig, starving: Sequence[Request], top_reque
     return 2 * len(starving) <= config.max_batch and 2 * len(top_requests) > config.max_batch
 
 
+def majority_reason(state: SchedulerState, config: PolicyConfig, top_requests: Sequence[Request]) -> str | None:
+    """Why the most-requested adapter (``top_requests`` its requests) fails line 5's second
+    half, |R_merge| / MaxBS > 0.5; None when it holds. When the max batch exceeds the
+    requests in flight, a majority of them can still be too few."""
+    if not top_requests:
+        return NO_ADAPTER
+    if 2 * len(top_requests) > config.max_batch:
+        return None
+    if 2 * len(top_requests) <= len(state.requests):
+        return NO_MAJORITY
+    return BELOW_MAX_BATCH
+
+
 def runs_without_mixture(requests: Iterable[Request], adapter: str | None) -> bool:
     """Whether weights with ``adapter`` merged (None: clean) run ``requests`` without mixture."""
     return adapter is None or all(r.adapter == adapter for r in requests)
@@ -272,6 +320,7 @@ def build_decision(
         admit=tuple(r.rid for r in batch if r.rid not in running_ids),
         starving=tuple(r.rid for r in starving),
         credits=credits,
+        reason=plan.reason,
     )
 
 
@@ -319,15 +368,20 @@ class VLoRAPolicy(SchedulingPolicy):
         if top is not None and merge_condition(self.config, starving, top_requests):
             # Lines 6-12: merge top; admit the starving first (mixture), then top's requests;
             # with admission "all" the others after them (mixture) instead of waiting to starve.
-            adapter, order = top, starving_first(starving, top_requests, state)
+            adapter, order, reason = top, starving_first(starving, top_requests, state), MERGE
             if self.config.admission == "all":
                 placed = {r.rid for r in order}
                 order += queue_order((r for r in state.requests if r.rid not in placed), state)
         else:
-            # Lines 13-15: unmerge; the starving first, then everyone.
+            # Lines 13-15: unmerge; the starving first, then everyone. When line 5's second
+            # half holds, its first failed: more than half of max batch starve.
             adapter, order = None, starving_first(starving, state.requests, state)
-        if not (
-            fits_in_slots(state, self.config, adapter) and within_switch_budget(state, self.config, self.cost, adapter)
-        ):
-            adapter = state.merged  # these weights serve the same admissions (mixture serves any request)
-        return Plan(adapter, order)
+            reason = majority_reason(state, self.config, top_requests) or STARVING
+        # Other weights wanted: the current ones stay when the adapter to merge finds no pool
+        # slot, or when switching now would exceed the switch budget (they serve the same
+        # admissions: mixture serves any request).
+        if not fits_in_slots(state, self.config, adapter):
+            adapter, reason = state.merged, KEPT_NO_SLOT
+        elif not within_switch_budget(state, self.config, self.cost, adapter):
+            adapter, reason = state.merged, KEPT_SWITCH_BUDGET
+        return Plan(adapter, order, reason)

@@ -43,7 +43,7 @@ from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.orchestrator.admission_waits import AdmissionWaits
 from sglang_vlora.orchestrator.cost_model import SWITCH_KINDS, CostModel, MeasuredCosts, OutputLengths
 from sglang_vlora.orchestrator.limits import DerivedLimits
-from sglang_vlora.orchestrator.policy import PolicyConfig, make_policy
+from sglang_vlora.orchestrator.policy import DECISION_REASONS, PolicyConfig, make_policy
 from sglang_vlora.orchestrator.request_params import application_and_slo
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState
 from sglang_vlora.orchestrator.timing import BatchTimer, Clock, Intervals, WallClock
@@ -120,6 +120,7 @@ class Orchestrator:
         self._last_switch: float | None = None
         self.iterations: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
+        self.decision_reasons: Counter[str] = Counter()
         self.switches: Counter[str] = Counter()  # by kind: merge, unmerge, fused
         self.switch_seconds = 0.0
         self._switch_errors: set[str] = set()
@@ -284,6 +285,7 @@ class Orchestrator:
         self.admit = frozenset(decision.admit)
         self.last_decision = decision
         self.decisions[decision.mode.value] += 1
+        self.decision_reasons[decision.reason] += 1
         if self.metrics is not None:
             self.metrics.starving.set(len(decision.starving))
 
@@ -371,11 +373,13 @@ class Orchestrator:
             "max_batch_source": max_batch_source,
             "iterations": {mode.value: self.iterations.get(mode.value, 0) for mode in Mode},
             "decisions": {mode.value: self.decisions.get(mode.value, 0) for mode in Mode},
+            "decision_reasons": {reason: self.decision_reasons.get(reason, 0) for reason in DECISION_REASONS},
             "last_decision": None if decision is None else {
                 "mode": decision.mode.value,
                 "adapter": self._name(decision.adapter) if decision.adapter else None,
                 "starving": len(decision.starving),
                 "admitted": len(decision.admit),
+                "reason": decision.reason,
             },
             "queue": self.queue,
             "admission_waits": self.admission_waits.report(),

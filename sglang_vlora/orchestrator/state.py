@@ -113,7 +113,9 @@ class Decision:
     ``batch`` holds the request ids to run, most urgent first: every running request and
     the admitted waiting ones; ``admit`` the waiting ones among them (in that order: the
     order to offer them to SGLang's admission, which may still stop early for memory).
-    ``credits`` and ``starving`` explain the decision (metrics, /vlora/status).
+    ``credits``, ``starving`` and ``reason`` (one of
+    :data:`~sglang_vlora.orchestrator.policy.DECISION_REASONS`) explain the decision
+    (metrics, /vlora/status).
     """
 
     mode: Mode
@@ -122,3 +124,4 @@ class Decision:
     admit: tuple[str, ...]
     starving: tuple[str, ...]
     credits: Mapping[str, float]
+    reason: str

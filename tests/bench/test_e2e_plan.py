@@ -65,13 +65,19 @@ def test_bad_points_are_refused():
 
 def test_status_delta_reads_fields_it_does_not_know():
     before = {"orchestrator": {"iterations": {"merge": 2, "unmerge": 5}, "switches": 1, "policy": "vlora",
+                               "decision_reasons": {"merge": 1, "below_max_batch": 4, "starving": 0},
                                "max_batch": 32}, "switch_count": 3}
     after = {"orchestrator": {"iterations": {"merge": 7, "unmerge": 5, "mixture": 4}, "switches": 4,
                               "decisions": {"merge": 3}, "policy": "vlora", "max_batch": 48, "theta_s": 2.5,
+                              "decision_reasons": {"merge": 4, "below_max_batch": 9, "starving": 0},
                               "new_field": [1, 2]}, "switch_count": 6}
     summary = servers.orchestrator_summary(before, after)
     assert summary["iterations"] == {"merge": 5, "unmerge": 0, "mixture": 4}
     assert summary["decisions"] == {"merge": 3} and summary["switches"] == 3 and summary["mode_switches"] == 3
+    assert summary["decision_reasons"] == {"merge": 3, "below_max_batch": 5, "starving": 0}
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
+    assert "| merge 3 | merge 3, below_max_batch 5 | 3 |" in rows[-1], rows[-1]  # the zeros left out
     assert summary["config"] == {"policy": "vlora", "theta_s": 2.5, "max_batch": 48}  # as after, not a delta
     assert servers.orchestrator_summary(before, None) is None
     flat = servers.orchestrator_summary(None, {"iterations": {"unmerge": 2}, "switches": 0})

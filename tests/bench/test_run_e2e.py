@@ -48,6 +48,8 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         assert met["completed"] == met["requests"] > 0 and met["errors"] == 0, m
         assert 0 < met["ttft_ms"]["mean"] <= met["e2e_ms"]["mean"] <= met["e2e_ms"]["p99"]
         assert m["orchestrator"]["iterations"], m  # /vlora/status answered and moved
+        reasons, decisions = m["orchestrator"]["decision_reasons"], m["orchestrator"]["decisions"]
+        assert sum(reasons.values()) == sum(decisions.values()) > 0, (reasons, decisions)
     sgl = [m for m in done if m["point"] == "sgl-mixed"]
     assert all("sglang.benchmark.serving" in m["client_command"] for m in sgl)
     assert all("--lora-name" in m["client_command"] and m["metrics"]["output_tokens"] == 16 * 4 for m in sgl)

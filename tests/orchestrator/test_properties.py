@@ -10,6 +10,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from sglang_vlora.orchestrator import (
+    DECISION_REASONS,
     CostModel,
     Decision,
     Mode,
@@ -19,6 +20,7 @@ from sglang_vlora.orchestrator import (
     make_policy,
     policy_names,
 )
+from sglang_vlora.orchestrator import policy as reasons
 from sglang_vlora.orchestrator.cost_model import SCHEMA
 from tests.orchestrator.builders import RANKS, cost_model
 
@@ -124,6 +126,8 @@ def test_decisions_are_well_formed(name, state, config, cost):
         )
     assert decision.mode is mode_of_batch(decision, by_id) if decision.batch else True
     assert (decision.mode is Mode.UNMERGE) == (decision.adapter is None)
+    assert decision.reason in DECISION_REASONS
+    assert (decision.reason == reasons.IDLE) == (not state.requests)
     if state.requests:
         assert decision.batch, "a policy left the GPU idle with requests waiting"
     for r in state.requests:
@@ -197,6 +201,35 @@ def test_vlora_weights_follow_algorithm_1(state, config, cost):
             assert not admitted_others, "merge admits only the merged adapter's requests"
         else:
             assert set(admitted_others) <= set(decision.starving)
+
+
+@settings(max_examples=200, deadline=None)
+@given(state=states(switched=True), config=configs, cost=cost_models())
+def test_vlora_reasons_name_what_decided(state, config, cost):
+    """The reason is the condition that decided: which half of line 5 failed, or that the
+    slots or the switch budget kept the current weights (then they are kept)."""
+    decision = make_policy("vlora", config, cost).decide(state)
+    if not state.requests:
+        return
+    counts = [sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None]
+    twice_top, twice_starving = 2 * max(counts), 2 * len(decision.starving)
+    in_flight, max_batch = len(state.requests), config.max_batch
+    event(f"reason {decision.reason}")
+    if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
+        assert decision.adapter == state.merged
+        return
+    assert (decision.reason == reasons.MERGE) == (decision.adapter is not None)
+    assert (decision.reason == reasons.MERGE) == (twice_top > max_batch and twice_starving <= max_batch)
+    assert (decision.reason == reasons.NO_ADAPTER) == (twice_top == 0)
+    if decision.reason == reasons.NO_MAJORITY:
+        assert 0 < twice_top <= min(in_flight, max_batch)
+    if decision.reason == reasons.BELOW_MAX_BATCH:
+        assert in_flight < twice_top <= max_batch
+    if decision.reason == reasons.STARVING:
+        assert twice_top > max_batch and twice_starving > max_batch
+    assert decision.reason in (
+        reasons.MERGE, reasons.NO_ADAPTER, reasons.NO_MAJORITY, reasons.BELOW_MAX_BATCH, reasons.STARVING
+    )
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from sglang_vlora.orchestrator import DECISION_REASONS
 from tests.conftest import launch, stop
 from tests.server.reference import HFReference, assert_matches_reference, chat_text, parse_generation
 
@@ -47,6 +48,13 @@ def status(server) -> dict:
     return response.json()
 
 
+def assert_reasons_add_up(report: dict) -> None:
+    """Every reason is listed (zeros too) and every decision counted under one of them."""
+    reasons = report["decision_reasons"]
+    assert list(reasons) == list(DECISION_REASONS)
+    assert sum(reasons.values()) == sum(report["decisions"].values()) > 0, (reasons, report["decisions"])
+
+
 def run_workload(server, reference, adapters: list[str | None]) -> dict[str, int]:
     """Send the requests in one call (they queue together), check every output against
     HF + peft, return the iterations each mode ran."""
@@ -81,12 +89,15 @@ def test_a_skewed_workload_runs_mostly_merged(orchestrated, reference):
     adapters = ["a8"] * 26 + ["b16", "c32", "d8", None, "b16", "c32"]  # 81% on a8
     random.Random(0).shuffle(adapters)
     waits_before = status(orchestrated)["orchestrator"]["admission_waits"]
+    merges_before = status(orchestrated)["orchestrator"]["decision_reasons"]["merge"]
     ran = run_workload(orchestrated, reference, adapters)
     total = sum(ran.values())
     assert ran["merge"] + ran["mixture"] >= total / 2, ran
     assert ran["merge"] > ran["unmerge"], ran
     state = status(orchestrated)
     assert state["orchestrator"]["switches"] >= 2  # merged a8, and went back
+    assert_reasons_add_up(state["orchestrator"])
+    assert state["orchestrator"]["decision_reasons"]["merge"] > merges_before  # line 5 held for a8
     assert state["mode"] == "unmerge"  # the other adapters' requests ran last
     # every request's admission wait is counted under its adapter; with a8 merged the others
     # were held back (theta 60 s: until a8's requests were done), so on average they waited
@@ -229,6 +240,8 @@ def test_accounting_counts_what_ran_mixture_for_vlora_none_for_dlora(orchestrate
     assert vlora["mixture"] > 0 and vlora["merge"] > 0, vlora
     dlora = late_majority(dlora_server)
     assert dlora["mixture"] == 0 and dlora["merge"] > 0, dlora
+    for server in (orchestrated, dlora_server):
+        assert_reasons_add_up(status(server)["orchestrator"])
 
 
 def test_without_flags_the_max_batch_is_derived_and_merging_reachable(dlora_server):
