@@ -131,6 +131,7 @@ def warm_up_all(report: dict[str, Any], call: Call, live: dict[str, ServerProces
 
 def measure_one(server: ServerProcess, system: plan.System, point: Point, names: Sequence[str], seed: int,
                 clients: Clients) -> dict[str, Any]:
+    servers.flush_cache(server)  # no measurement reuses another's prefix KV
     before = servers.vlora_status(server) if system.plugin else None
     t0 = time.monotonic()
     if point.client == "sglang":

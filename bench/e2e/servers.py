@@ -17,7 +17,9 @@ other's way:
   start-up is over;
 * warm-up: every server gets an untimed burst of each point's kind of request (JIT
   compilation, first adapter loads, the orchestrator's first cost measurements) before
-  any measurement.
+  any measurement;
+* cache: every measurement starts from an empty prefix cache (:func:`flush_cache`), so no
+  point or repeat times prefills that an earlier one's identical prompts left cached.
 """
 
 from __future__ import annotations
@@ -148,6 +150,20 @@ def stop_all(servers: dict[str, ServerProcess], grace_s: float = 20.0) -> None:
     deadline = time.monotonic() + grace_s
     for srv in servers.values():
         server_process.stop(srv, grace_s=max(1.0, deadline - time.monotonic()))
+
+
+FLUSH_WAIT_S = 60.0  # longest wait for requests still in flight before the flush gives up
+
+
+def flush_cache(server: ServerProcess, wait_s: float = FLUSH_WAIT_S) -> None:
+    """Empty the server's prefix (radix) cache, waiting up to ``wait_s`` for requests still in
+    flight. Every measurement starts from an empty cache: two points or repeats that send the
+    same prompts and images would otherwise find the earlier one's KV cached and time
+    prefills that never ran (the video points' task-head requests hit the LM points' cache
+    for every prompt token). Raises RuntimeError when the server does not flush."""
+    code, body = server_process.get_json(f"{server.url}/flush_cache?timeout={wait_s:g}", timeout_s=wait_s + 10)
+    if code != 200:
+        raise RuntimeError(f"flush_cache answered {code}: {body[:200]!r}")
 
 
 def vlora_status(server: ServerProcess) -> dict[str, Any] | None:
