@@ -15,7 +15,8 @@ Two batch layouts, one item builder:
 * decode CUDA graph: the same items written by
   :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers allocated
   once (capacity: the most items any mode gives for the graph's largest batch, two
-  overlap layers for mixture items), run by the graph-safe ``ops.*_static`` calls,
+  overlap layers of shrink rows for mixture items, whose pairs the expand runs in one
+  launch), run by the graph-safe ``ops.*_static`` calls,
   whose grids come from those static bounds only. SGLang prepares every batch before
   replaying a graph (and prepares the capture batch, all base-only, before
   capturing), so a graph captured with no items replays right with any adapter mix,
@@ -123,8 +124,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         if impl is None:
             impl = cfg.atmm_impl if cfg is not None else "auto"
         self.impl = impl
-        # Overlapping items (two layers) come only from a merged adapter; a server whose
-        # policy never merges runs every graph batch with one expand launch per layer.
+        # Overlapping items (two layers of shrink rows) come only from a merged adapter; they
+        # are pairs (modes/delora.py), so every graph batch runs one expand launch a module.
         self.graph_layers = 1 if cfg is not None and cfg.policy == NEVER_MERGES else MAX_MODE_LAYERS
         self.work_items: WorkItems | None = None
         self.graph_items: StaticWorkItems | None = None
@@ -155,6 +156,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             num_slots=self.max_loras_per_batch,
             device=self.device,
             max_layers=self.graph_layers,
+            paired=self.graph_layers > 1,
         )
         if torch.device(self.device).type == "cuda":
             self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture

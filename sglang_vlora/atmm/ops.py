@@ -205,6 +205,7 @@ def lora_expand_static(
     m = output.shape[0]
     rank = b_buffer.shape[2]
     cfg = _pick("expand", output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
+    layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
     triton_kernels.launch_expand(
         intermediate,
         b_buffer,
@@ -214,13 +215,14 @@ def lora_expand_static(
         items.slots,
         items.scales,
         items.row_starts,
-        items.layers,
-        items.max_layers,
+        layers,
+        num_layers,
         items.ranks,
         items.permutation,
         slice_offsets,
         m,
         cfg,
+        partners=partners,
     )
     return output
 
@@ -405,17 +407,25 @@ def _expand_kernel(
 
 
 def _compile_expand_variants(inter, b_buffer, output, items: WorkItems, permutation, slice_offsets, rows, config):
-    """Compile the expand kernel for one layer of items and for overlapping layers (mixture:
-    the kernel then checks each item's layer, a constexpr): a batch of the other kind first
-    seen while serving would otherwise compile its variant then, stalling every request in
-    flight for about a second."""
+    """Compile the expand kernel for plain items and for mixture's pairs (the kernel then
+    reads each item's partner, a constexpr): a batch of the other kind first seen while
+    serving would otherwise compile its variant then, stalling every request in flight
+    for about a second."""
     from sglang_vlora.atmm import triton_kernels
 
-    common = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts)
-    # num_layers only selects the variant (CHECK_LAYER = num_layers > 1); any int32 [n_items] stands in for layers
-    for layers, num_layers in ((None, 1), (items.seg_lens, 2)):
-        triton_kernels.launch_expand(inter, b_buffer, output, *common, layers, num_layers, items.ranks, permutation,
-                                     slice_offsets, rows, config, compile_only=True)
+    common = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts, None, 1, items.ranks,
+              permutation, slice_offsets, rows, config)
+    # partners only selects the variant (PAIRED = partners is not None); any int32 [n_items] stands in
+    for partners in (None, items.seg_lens):
+        triton_kernels.launch_expand(inter, b_buffer, output, *common, compile_only=True, partners=partners)
+
+
+def expand_layout(items: WorkItems) -> tuple[torch.Tensor | None, int, torch.Tensor | None]:
+    """``(layers, num_layers, partners)`` for the Triton expand of ``items``: with pairs one
+    launch over the items not absorbed, else one launch per overlap layer."""
+    if items.partners is not None:
+        return None, 1, items.partners
+    return items.layers, items.num_layers, None
 
 
 def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ...], output, impl: str) -> Callable:
@@ -436,11 +446,12 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
         )
     rows = min(items.total_rows, output.shape[0])
     perm = _kernel_permutation(items, output.shape[0])
-    args = (inter, b_buffer, output, *item_args, perm, slice_offsets)
+    layers, num_layers, partners = expand_layout(items)
+    args = (inter, b_buffer, output, *item_args[:5], layers, num_layers, items.ranks, perm, slice_offsets)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
     _compile_table_configs("expand", key, output, lambda c: _compile_expand_variants(inter, b_buffer, output, items,
                                                                                      perm, slice_offsets, rows, c))
-    prepared = triton_kernels.prepare_expand(*args, rows, cfg)
+    prepared = triton_kernels.prepare_expand(*args, rows, cfg, partners=partners)
 
     def run(inter: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
         for launch in prepared:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_vlora.atmm.work_items import WorkItems
+from sglang_vlora.atmm.work_items import NO_PARTNER, WorkItems
 
 _ALIGN = 4  # int32 entries: every field starts 16-byte aligned in ``packed``
-_INT_FIELDS = 5  # seg_starts, seg_lens, slots, row_starts, layers; then scales, then ranks
+_INT_FIELDS = 6  # seg_starts, seg_lens, slots, row_starts, layers, partners; then scales, then ranks
 
 
 @dataclass
@@ -45,6 +45,10 @@ class StaticWorkItems:
     ranks: torch.Tensor  # int32 [num_slots]
     permutation: torch.Tensor  # int32 [max_tokens]: token of each segment position
     max_layers: int
+    partners: torch.Tensor | None = None  # int32 [capacity]: work_items' pairs, NO_PARTNER where none
+    # Whether the Triton expand runs one launch over the items not absorbed (reading partners)
+    # instead of one per overlap layer: every filled batch's overlap then comes from pairs.
+    paired: bool = False
     packed: torch.Tensor | None = None  # int32; every field above is a view of it
     _stride: int = 0
 
@@ -56,9 +60,11 @@ class StaticWorkItems:
         num_slots: int,
         device: torch.device | str,
         max_layers: int = 1,
+        paired: bool = False,
     ) -> StaticWorkItems:
         """Buffers for up to ``capacity`` items over ``max_tokens`` tokens, items in at
-        most ``max_layers`` overlap layers (1 for plain unmerge, 2 for mixture mode)."""
+        most ``max_layers`` overlap layers (1 for plain unmerge, 2 for mixture mode).
+        ``paired``: one expand launch, for batches whose overlapping items are pairs."""
         if capacity < 1 or max_layers < 1 or max_tokens < 1:
             raise ValueError("capacity, max_tokens and max_layers must be at least 1")
         stride = -(-capacity // _ALIGN) * _ALIGN
@@ -75,10 +81,12 @@ class StaticWorkItems:
             slots=view(2),
             row_starts=view(3),
             layers=view(4),
-            scales=view(5).view(torch.float32),
+            partners=view(5),
+            scales=view(6).view(torch.float32),
             ranks=packed[(_INT_FIELDS + 1) * stride : (_INT_FIELDS + 1) * stride + num_slots],
             permutation=packed[perm_at:],
             max_layers=max_layers,
+            paired=paired,
             packed=packed,
             _stride=stride,
         )
@@ -111,6 +119,8 @@ class StaticWorkItems:
             raise ValueError(f"{n} work items exceed capacity {self.capacity}")
         if items.num_layers > self.max_layers:
             raise ValueError(f"{items.num_layers} overlap layers exceed {self.max_layers}")
+        if self.paired and items.num_layers > 1 and items.partners_host is None:
+            raise ValueError("overlapping items without pairs in buffers whose expand runs one launch")
         if items.total_rows > self.max_rows(num_tokens) or num_tokens > self.max_tokens:
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
         if len(items.ranks_host) != self.ranks.numel():
@@ -131,6 +141,7 @@ class StaticWorkItems:
             *items.slots_host, *pad,
             *row_starts, *pad,
             *(items.layers_host if items.layers_host is not None else [0] * n), *pad,
+            *(items.partners_host if items.partners_host is not None else [NO_PARTNER] * n), *pad,
             *scale_bits, *pad,
             *items.ranks_host, *slots_pad,
             *perm,

@@ -28,6 +28,9 @@ import triton.language as tl
 from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+from sglang_vlora.atmm.work_items import ABSORBED as _ABSORBED
+
+ABSORBED = tl.constexpr(_ABSORBED)
 
 
 @triton.jit
@@ -36,19 +39,23 @@ def _find_tile(
     seg_lens_ptr,
     layers_ptr,
     layer,
+    partners_ptr,
     n_items,
     CAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHECK_LAYER: tl.constexpr,
+    PAIRED: tl.constexpr,
 ):
     """Map flat row tile ``t`` to ``(item, row tile in item, seg_len)``; item is
-    ``n_items`` past the last tile. Items of other layers (with CHECK_LAYER) and
-    empty items own no tiles."""
+    ``n_items`` past the last tile. Items of other layers (with CHECK_LAYER), absorbed
+    items (with PAIRED: their partners expand them) and empty items own no tiles."""
     idx = tl.arange(0, CAP)
     valid = idx < n_items
     lens = tl.load(seg_lens_ptr + idx, mask=valid, other=0)
     if CHECK_LAYER:
         lens = tl.where(tl.load(layers_ptr + idx, mask=valid, other=-1) == layer, lens, 0)
+    if PAIRED:
+        lens = tl.where(tl.load(partners_ptr + idx, mask=valid, other=ABSORBED) != ABSORBED, lens, 0)
     tiles = (lens + BLOCK_M - 1) // BLOCK_M
     ends = tl.cumsum(tiles, 0)
     item = tl.sum((ends <= t).to(tl.int32), 0)
@@ -103,7 +110,7 @@ def _shrink_kernel(
     pid_k = tl.program_id(1)
     pid_n = pid % n_tiles
     item, pid_m, seg_len = _find_tile(
-        pid // n_tiles, seg_lens_ptr, seg_lens_ptr, 0, n_items, CAP, BLOCK_M, False
+        pid // n_tiles, seg_lens_ptr, seg_lens_ptr, 0, seg_lens_ptr, n_items, CAP, BLOCK_M, False, False
     )
     if item >= n_items:
         return
@@ -187,6 +194,7 @@ def _expand_kernel(
     scales_ptr,
     row_starts_ptr,
     layers_ptr,
+    partners_ptr,
     ranks_ptr,
     perm_ptr,
     layer,
@@ -207,6 +215,7 @@ def _expand_kernel(
     NUM_SLICES: tl.constexpr,
     HAS_PERM: tl.constexpr,
     CHECK_LAYER: tl.constexpr,
+    PAIRED: tl.constexpr,
     ALIGNED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -217,7 +226,8 @@ def _expand_kernel(
     s = (pid % tiles_per_m) // n_tiles
     pid_n = pid % n_tiles
     item, pid_m, seg_len = _find_tile(
-        pid // tiles_per_m, seg_lens_ptr, layers_ptr, layer, n_items, CAP, BLOCK_M, CHECK_LAYER
+        pid // tiles_per_m, seg_lens_ptr, layers_ptr, layer, partners_ptr, n_items, CAP, BLOCK_M, CHECK_LAYER,
+        PAIRED,
     )
     if item >= n_items:
         return
@@ -229,17 +239,57 @@ def _expand_kernel(
     if ALIGNED:  # every slice offset is a multiple of 16: vector access of the output
         lo = tl.multiple_of(lo, 16)
         hi = tl.multiple_of(hi, 16)
-    slot = tl.load(slots_ptr + item).to(tl.int64)
-    rank = tl.load(ranks_ptr + slot)
-    scale = tl.load(scales_ptr + item)
     seg_start = tl.load(seg_starts_ptr + item)
-    row_start = tl.load(row_starts_ptr + item)
-
-    tokens, rows, m_mask = _tile_rows(pid_m, seg_start, row_start, seg_len, perm_ptr, HAS_PERM, BLOCK_M)
+    tokens, rows, m_mask = _tile_rows(
+        pid_m, seg_start, tl.load(row_starts_ptr + item), seg_len, perm_ptr, HAS_PERM, BLOCK_M
+    )
     offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hi
-    offs_k = tl.arange(0, BLOCK_K)
+    acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, item, rows, s, offs_n, m_mask, n_mask, stride_im,
+                       stride_ik, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = acc * tl.load(scales_ptr + item)
+    if PAIRED:
+        # The absorbed item over this item's tokens: its rows at the same offset into its segment.
+        partner = tl.load(partners_ptr + item)
+        if partner >= 0:
+            offset = tl.load(row_starts_ptr + partner) + seg_start - tl.load(seg_starts_ptr + partner)
+            p_rows = (offset + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            p_acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, partner, p_rows, s, offs_n, m_mask,
+                                 n_mask, stride_im, stride_ik, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N,
+                                 BLOCK_K)
+            acc += p_acc * tl.load(scales_ptr + partner)
 
+    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = m_mask[:, None] & n_mask[None, :]
+    base = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, (base + acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _expand_item(
+    inter_ptr,
+    b_ptr,
+    slots_ptr,
+    ranks_ptr,
+    item,
+    rows,
+    s,
+    offs_n,
+    m_mask,
+    n_mask,
+    stride_im,
+    stride_ik,
+    stride_bs,
+    stride_bn,
+    stride_bk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Unscaled ``inter[rows, s*r:(s+1)*r] @ B[slot, offs_n, :r].T`` of one item, fp32."""
+    slot = tl.load(slots_ptr + item).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    offs_k = tl.arange(0, BLOCK_K)
     i_ptrs = inter_ptr + rows[:, None] * stride_im + (s * rank + offs_k)[None, :] * stride_ik
     b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -252,11 +302,7 @@ def _expand_kernel(
     if full < rank:
         k_mask = offs_k < rank - full
         acc = _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, True)
-
-    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
-    mask = m_mask[:, None] & n_mask[None, :]
-    base = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptrs, (base + acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
+    return acc
 
 
 @triton.jit
@@ -415,6 +461,7 @@ def launch_expand(
     row_bound: int,
     config: ExpandConfig,
     compile_only: bool = False,
+    partners: torch.Tensor | None = None,
 ) -> None:
     """``output[tokens, slice s] += scale * inter[rows, s*r:(s+1)*r] @ B[slot, slice s, :r].T``.
 
@@ -422,10 +469,13 @@ def launch_expand(
     One launch per layer (``num_layers`` is a static bound; each launch schedules only
     its layer's items), so items that share tokens never update the same output
     concurrently. ``row_bound`` bounds the rows of one layer (at most the tokens).
+    ``partners`` (:mod:`sglang_vlora.atmm.work_items`'s pairs): each item also adds the
+    item it absorbs, absorbed items get no tiles of their own; ``layers`` and
+    ``num_layers`` then describe the items left (one layer for mixture's pairs).
     ``compile_only``: compile the kernel these arguments select, launch nothing.
     """
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
-                          num_layers, ranks, permutation, slice_offsets, row_bound, config)
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners)
     for call in calls[:1] if compile_only else calls:
         _launch(_EXPAND, *call, config, compile_only)
 
@@ -446,17 +496,18 @@ def prepare_expand(
     slice_offsets: list[int] | tuple[int, ...],
     row_bound: int,
     config: ExpandConfig,
+    partners: torch.Tensor | None = None,
 ) -> list[PreparedLaunch]:
     """:func:`launch_expand` with these arguments, prepared: one launch per overlap layer,
     each called as ``prepared(inter, b_buffer, output)``."""
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
-                          num_layers, ranks, permutation, slice_offsets, row_bound, config)
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners)
     return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=3) for call in calls]
 
 
 def _expand_calls(
     inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers, num_layers, ranks, permutation,
-    slice_offsets, row_bound, config,
+    slice_offsets, row_bound, config, partners=None,
 ) -> list[tuple]:
     n_items = seg_lens.numel()
     num_slices = len(slice_offsets) - 1
@@ -474,6 +525,7 @@ def _expand_calls(
         "NUM_SLICES": num_slices,
         "HAS_PERM": permutation is not None,
         "CHECK_LAYER": check_layer,
+        "PAIRED": partners is not None,
         "ALIGNED": all(o % 16 == 0 for o in offs),
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
@@ -491,6 +543,7 @@ def _expand_calls(
             scales,
             row_starts,
             layers if check_layer else seg_lens,
+            seg_lens if partners is None else partners,
             ranks,
             seg_starts if permutation is None else permutation,
             layer,

@@ -19,6 +19,17 @@ output rows, so a kernel may update the output of one layer without atomics and
 run the layers one after another. Overlap is judged on segment positions, which is
 exact when ``permutation`` is a bijection (as it must be).
 
+*Pairs* let the expand of overlapping items run in one pass instead of one per layer.
+An item may *absorb* another whose segment contains its own (``partners[i] = j``): the
+expand of item ``i`` then also adds ``j``'s contribution over ``i``'s tokens, reading
+``j``'s shrink rows at the same offset, and ``j`` is expanded only through the items
+that absorb it (``partners[j] = ABSORBED``), which must cover its segment exactly. The
+items left (those not absorbed) must not overlap, so one expand launch serves them all.
+Mixture mode pairs each ``(x, +s_x)`` item with the ``(k, -s_k)`` item of its run
+(:mod:`sglang_vlora.modes.delora`). The shrink is unchanged: every item keeps its rows.
+Kernels that do not read pairs (the torch reference, cuBLAS, the CUDA kernel) run the
+same items by layers and get the same sums.
+
 The memory-pool layout is SGLang's: ``A[slot, S * max_rank, d_in]`` with the rows of
 slice ``s`` at ``[s * r, (s + 1) * r)`` for the slot's rank ``r``, and
 ``B[slot, d_out_total, max_rank]`` with slice ``s`` at output rows
@@ -36,6 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+NO_PARTNER = -1  # partners[i]: item i absorbs no other item
+ABSORBED = -2  # partners[i]: item i is expanded only through the items that absorb it
 
 
 @dataclass
@@ -63,6 +77,10 @@ class WorkItems:
     layers: torch.Tensor | None = None  # int32 [n_items]; None means one layer
     layers_host: list[int] | None = None
     num_layers: int = 1
+    # Pairs (see the module docstring): the index of the item each one absorbs, NO_PARTNER or
+    # ABSORBED; None when no item absorbs another.
+    partners: torch.Tensor | None = None  # int32 [n_items]
+    partners_host: list[int] | None = None
     # Per-batch launch plans of the ops (sglang_vlora.atmm.ops._plan), keyed by op and shapes.
     plans: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -88,11 +106,13 @@ def build_work_items(
     ranks: Sequence[int],
     device: torch.device | str = "cpu",
     permutation: torch.Tensor | None = None,
+    partners: Sequence[int] | None = None,
 ) -> WorkItems:
     """Validate host lists and build :class:`WorkItems` on ``device``.
 
     Items whose slot has rank 0 or whose segment is empty are dropped here, so
-    kernels never see them.
+    kernels never see them. ``partners[i]``: the index (in these lists) of the item
+    that item ``i`` absorbs, or ``NO_PARTNER`` (see the module docstring).
     """
     n = len(slots)
     if not (len(seg_starts) == len(seg_lens) == len(scales) == n):
@@ -114,14 +134,18 @@ def build_work_items(
         row_starts.append(total)
         total += seg_len
     layers = assign_layers(starts, lens)
+    kept_partners = None if partners is None else _pair_items(partners, keep, starts, lens, n)
 
     int_ranks = [int(r) for r in ranks]
-    fields = packed_to_device([starts, lens, item_slots, row_starts, layers, int_ranks], item_scales, device)
+    int_fields = [starts, lens, item_slots, row_starts, layers, int_ranks]
+    if kept_partners is not None:
+        int_fields.append(kept_partners)
+    fields = packed_to_device(int_fields, item_scales, device)
     return WorkItems(
         seg_starts=fields[0],
         seg_lens=fields[1],
         slots=fields[2],
-        scales=fields[6],
+        scales=fields[-1],
         row_starts=fields[3],
         ranks=fields[5],
         permutation=permutation,
@@ -135,7 +159,47 @@ def build_work_items(
         layers=fields[4],
         layers_host=layers,
         num_layers=max(layers, default=0) + 1,
+        partners=None if kept_partners is None else fields[6],
+        partners_host=kept_partners,
     )
+
+
+def _pair_items(
+    partners: Sequence[int], keep: list[int], starts: list[int], lens: list[int], n: int
+) -> list[int] | None:
+    """``partners`` (indices into the caller's lists) for the kept items: the index among
+    them of the item each absorbs, ``NO_PARTNER`` or ``ABSORBED``; None when no pair is
+    left. Raises unless every absorbed item is covered exactly by the items absorbing it
+    and the items not absorbed are disjoint."""
+    if len(partners) != n:
+        raise ValueError("partners must have one entry per item")
+    index = {old: new for new, old in enumerate(keep)}
+    result = [NO_PARTNER] * len(keep)
+    covers: dict[int, list[int]] = {}
+    for new, old in enumerate(keep):
+        j = partners[old]
+        if j == NO_PARTNER:
+            continue
+        if not 0 <= j < n or j == old or partners[j] != NO_PARTNER:
+            raise ValueError(f"work item {old}: partner {j} must be another item that absorbs none")
+        if j in index:  # a dropped partner (rank 0, empty, scale 0) adds nothing
+            result[new] = index[j]
+            covers.setdefault(index[j], []).append(new)
+    if not covers:
+        return None
+    for j, items in covers.items():
+        result[j] = ABSORBED
+        pos = starts[j]  # the absorbing segments, in order, must tile j's segment
+        for i in sorted(items, key=lambda i: starts[i]):
+            if starts[i] != pos:
+                raise ValueError(f"the items absorbing item {keep[j]} must cover its segment exactly")
+            pos += lens[i]
+        if pos != starts[j] + lens[j]:
+            raise ValueError(f"the items absorbing item {keep[j]} must cover its segment exactly")
+    free = [i for i in range(len(keep)) if result[i] != ABSORBED]
+    if max(assign_layers([starts[i] for i in free], [lens[i] for i in free]), default=0) > 0:
+        raise ValueError("the items not absorbed by a partner overlap: pairs need them disjoint")
+    return result
 
 
 _ALIGN = 4  # int32 entries: every field starts 16-byte aligned

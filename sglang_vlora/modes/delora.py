@@ -7,8 +7,12 @@ its tokens (the deLoRA branch is ``k`` itself with a negative scale). Requests f
 nothing merged, this is plain unmerged inference: ``(x, +s_x)`` per segment.
 
 The ``(k, -s_k)`` items of consecutive non-``k`` segments are coalesced into one item
-over their joint token range, so a mixed batch costs one deLoRA item per run of
-other requests rather than one per request.
+over their joint token range (one run for adapter segments, another for base-only
+ones), so a mixed batch's shrink costs one deLoRA item per run rather than one per
+request. Each ``(x, +s_x)`` item *absorbs* the ``(k, -s_k)`` item of its run
+(:mod:`sglang_vlora.atmm.work_items`): the expand adds both over ``x``'s tokens in one
+pass, so mixture needs one expand launch per module, as unmerged inference does.
+Base-only runs keep their ``(k, -s_k)`` item as it is.
 
 The same lists serve eager batches (:class:`WorkItems`) and decode CUDA graphs, whose
 fixed-capacity buffers (:class:`~sglang_vlora.atmm.static_items.StaticWorkItems`) are
@@ -21,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sglang_vlora.atmm.work_items import WorkItems, build_work_items
+from sglang_vlora.atmm.work_items import NO_PARTNER, WorkItems, build_work_items
 
 # Items over one token never exceed two (``+x`` and ``-k``), so overlap layers never do.
 MAX_MODE_LAYERS = 2
@@ -31,11 +35,13 @@ def max_mode_items(num_requests: int) -> int:
     """The most items :func:`mode_item_lists` gives for ``num_requests`` requests, in
     any mode (unmerged: one per request; merged ``k``: none for ``k``'s requests).
 
-    With ``m`` segments of which ``j`` are ``k``'s, there are at most ``m - j`` ``+x``
-    items and at most ``j + 1`` runs of non-``k`` segments (one ``-k`` item each):
-    ``m + 1 <= num_requests + 1`` in all.
+    With ``A`` segments of other adapters, ``B`` base-only and ``j`` of ``k`` (``m`` in all),
+    there are ``A`` ``+x`` items and at most ``A + B`` runs (one ``-k`` item each); runs of
+    one kind are separated by a run of the other kind or a ``k`` segment, so ``A <= (m + 1) / 2``
+    when every segment starts a run: ``(3m + 1) // 2`` in all (alternating adapter and base-only
+    segments reach it).
     """
-    return num_requests + 1 if num_requests > 0 else 0
+    return (3 * num_requests + 1) // 2
 
 
 def mode_item_lists(
@@ -45,12 +51,14 @@ def mode_item_lists(
     ranks: Sequence[int],
     scalings: Sequence[float],
     merged_slot: int | None,
-) -> tuple[list[int], list[int], list[int], list[float]]:
-    """Host lists ``(starts, lens, slots, scales)`` of the items for one batch.
+) -> tuple[list[int], list[int], list[int], list[float], list[int]]:
+    """Host lists ``(starts, lens, slots, scales, partners)`` of the items for one batch.
 
     ``seg_*`` describe the batch's token segments in token order (one slot each,
     rank 0 = no adapter); ``ranks`` and ``scalings`` are per memory-pool slot;
     ``merged_slot`` is the slot of the adapter folded into the weights, or None.
+    ``partners[i]`` is the index of the ``-k`` item that item ``i`` absorbs, or
+    ``NO_PARTNER``.
     """
     if not len(seg_starts) == len(seg_lens) == len(seg_slots):
         raise ValueError("seg_starts, seg_lens and seg_slots must have one entry per segment")
@@ -60,30 +68,44 @@ def mode_item_lists(
     lens: list[int] = []
     slots: list[int] = []
     scales: list[float] = []
+    partners: list[int] = []
 
-    def add(start: int, length: int, slot: int, scale: float) -> None:
+    def add(start: int, length: int, slot: int, scale: float) -> int:
         starts.append(start)
         lens.append(length)
         slots.append(slot)
         scales.append(scale)
+        partners.append(NO_PARTNER)
+        return len(slots) - 1
 
-    run: list[int] | None = None  # [start, end) of the pending (k, -s_k) item
+    # The pending (k, -s_k) item: [start, end) of its run, whether the run's segments have
+    # an adapter, and the run's +x items (they absorb it).
+    run: tuple[list[int], bool, list[int]] | None = None
+
+    def close_run() -> None:
+        if run is None:
+            return
+        (start, end), _, absorbing = run
+        delora_item = add(start, end - start, merged_slot, -float(scalings[merged_slot]))
+        for i in absorbing:
+            partners[i] = delora_item
+
     for start, length, slot in zip(seg_starts, seg_lens, seg_slots, strict=True):
         if length == 0 or slot == merged_slot:
             continue
-        if ranks[slot] > 0:
-            add(start, length, slot, float(scalings[slot]))
+        has_adapter = ranks[slot] > 0
+        item = add(start, length, slot, float(scalings[slot])) if has_adapter else None
         if merged_slot is None:
             continue
-        if run is not None and run[1] == start:
-            run[1] = start + length
+        if run is not None and run[0][1] == start and run[1] == has_adapter:
+            run[0][1] = start + length
         else:
-            if run is not None:
-                add(run[0], run[1] - run[0], merged_slot, -float(scalings[merged_slot]))
-            run = [start, start + length]
-    if run is not None:
-        add(run[0], run[1] - run[0], merged_slot, -float(scalings[merged_slot]))
-    return starts, lens, slots, scales
+            close_run()
+            run = ([start, start + length], has_adapter, [])
+        if item is not None:
+            run[2].append(item)
+    close_run()
+    return starts, lens, slots, scales, partners
 
 
 def mode_work_items(
@@ -98,7 +120,9 @@ def mode_work_items(
 ) -> WorkItems:
     """:func:`mode_item_lists` as :class:`WorkItems` on ``device`` (mixture when
     ``merged_slot`` is set, unmerged otherwise; an all-``k`` batch gives no items)."""
-    starts, lens, slots, scales = mode_item_lists(
+    starts, lens, slots, scales, partners = mode_item_lists(
         seg_starts, seg_lens, seg_slots, ranks, scalings, merged_slot
     )
-    return build_work_items(starts, lens, slots, scales, ranks, device=device, permutation=permutation)
+    return build_work_items(
+        starts, lens, slots, scales, ranks, device=device, permutation=permutation, partners=partners
+    )

@@ -45,7 +45,7 @@ def test_first_call_of_a_shape_compiles_every_table_config() -> None:
     ops.lora_apply(x, a, b, items, offsets, torch.zeros(3000, sum(widths), device="cuda", dtype=x.dtype))
     torch.cuda.synchronize()
     assert (_compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)) == after
-    # nor does a mixture batch (overlapping +x / -k items: the expand's layer-checking variant)
+    # nor does a mixture batch (+x items absorbing their -k item: the expand's pairs variant)
     a3 = torch.randn(3, 3 * rank, k, device="cuda", dtype=torch.bfloat16)
     b3 = torch.randn(3, sum(widths), rank, device="cuda", dtype=torch.bfloat16)
     items = mode_work_items([0, 500], [500, 700], [1, 0], [0, rank, rank], [0.0, 1.0, 0.5], 2, device="cuda")

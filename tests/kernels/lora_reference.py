@@ -9,6 +9,7 @@ from types import ModuleType
 
 import torch
 
+from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -57,19 +58,26 @@ def launch_apply(
     out: torch.Tensor,
     configs: tuple[ShrinkConfig, ExpandConfig],
     rows: tuple[int, int],
+    paired: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Shrink into a NaN-poisoned intermediate, then expand into ``out``, with ``module``'s
     ``launch_shrink`` / ``launch_expand``, the tile ``configs`` and the grids' ``rows`` (shrink,
     expand). The columns past each item's S*r are never written by shrink: expand must never
-    read them. Returns the intermediate and ``out``."""
+    read them. ``paired``: the expand runs the items' pairs in one launch (Triton only).
+    Returns the intermediate and ``out``."""
     scfg, ecfg = configs
     inter = torch.full((items.total_rows, a.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
     module.launch_shrink(
         x, a, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
         items.permutation, len(offsets) - 1, rows[0], scfg,
     )  # fmt: skip
+    if paired:  # the items' pairs in one expand launch (Triton), as ops runs them
+        layers, num_layers, partners = ops.expand_layout(items)
+        pairs = {"partners": partners}
+    else:  # one launch per overlap layer
+        layers, num_layers, pairs = items.layers, items.num_layers, {}
     module.launch_expand(
         inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
-        items.layers, items.num_layers, items.ranks, items.permutation, offsets, rows[1], ecfg,
+        layers, num_layers, items.ranks, items.permutation, offsets, rows[1], ecfg, **pairs,
     )  # fmt: skip
     return inter, out

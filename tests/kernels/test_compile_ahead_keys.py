@@ -79,9 +79,10 @@ def _expand_launches(items, rows: int, rank: int, widths: tuple[int, ...], cfg, 
     if compile_only:
         ops._compile_expand_variants(inter, b, out, items, perm, offsets, min(items.total_rows, rows), cfg)
         return
+    layers, num_layers, partners = ops.expand_layout(items)
     triton_kernels.launch_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
-                                 items.row_starts, items.layers, items.num_layers, items.ranks, perm, offsets,
-                                 min(items.total_rows, rows), cfg)
+                                 items.row_starts, layers, num_layers, items.ranks, perm, offsets,
+                                 min(items.total_rows, rows), cfg, partners=partners)
 
 
 def test_expand_compiled_ahead_covers_one_layer_and_mixture_batches(recorded) -> None:
@@ -93,7 +94,7 @@ def test_expand_compiled_ahead_covers_one_layer_and_mixture_batches(recorded) ->
             _expand_launches(build_work_items([0], [rows], [1], [1.0], [0, rank]), rows, rank, widths, cfg, False)
             mixture = mode_work_items([0, rows // 2], [rows // 2, rows - rows // 2], [1, 0], [0, rank, rank],
                                       [0.0, 1.0, 0.5], 2)
-            assert mixture.num_layers == 2
+            assert mixture.partners is not None  # mixture: the pairs' variant
             _expand_launches(mixture, rows, rank, widths, cfg, False)
         compiled = {key for _, ahead, key in recorded if ahead}
         launched = {key for _, ahead, key in recorded if not ahead}

@@ -48,7 +48,7 @@ def fp64_delta(x, a, b, offsets, seg_starts, seg_lens, slots, scales, perm=None)
 def kernel_apply(x, a, b, items: WorkItems, offsets, out, scfg, ecfg):
     """The CUDA path of ops.lora_apply with explicit tile configs."""
     rows = (items.total_rows, min(items.total_rows, out.shape[0]))
-    return launch_apply(triton_kernels, x, a, b, items, offsets, out, (scfg, ecfg), rows)[1]
+    return launch_apply(triton_kernels, x, a, b, items, offsets, out, (scfg, ecfg), rows, paired=True)[1]
 
 
 CASES = {
@@ -102,6 +102,63 @@ def test_kernel_apply_matches_fp64(case: str, num_slices: int) -> None:
         assert not split_k.split_counters(x.device).any()  # re-armed for the next launch
         torch_out = ops.lora_apply(x, a, b, items, offsets, base.clone())
         assert rel_err(torch_out.double() - base.double(), ref) < TOL[dtype]
+
+
+# Mixture's pairs (sglang_vlora.modes.delora): +x items each absorbing the -k item of their
+# run (coalesced over several requests, so partners start at an offset into it), a base-only
+# run whose -k item stands alone, and the merged slot's own request (no item).
+PAIRED_SEGMENTS = ([0, 5, 9, 16, 20, 27], [5, 4, 7, 4, 7, 3], [1, 2, 0, 3, 1, 2])
+
+
+@pytest.mark.parametrize("permute", [False, True])
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_paired_expand_one_launch_matches_fp64(num_slices: int, permute: bool) -> None:
+    from sglang_vlora.modes.delora import mode_item_lists
+
+    gen = torch.Generator().manual_seed(17 + num_slices + 2 * permute)
+    starts, lens, slots = PAIRED_SEGMENTS
+    n_tokens = starts[-1] + lens[-1]
+    scalings = [0.0, 2.0, 0.5, 1.5]
+    lists = mode_item_lists(starts, lens, slots, RANKS, scalings, merged_slot=3)
+    a, b, offsets = make_pool(num_slices, torch.float32, gen)
+    x = torch.randn(n_tokens, D_IN, generator=gen)
+    perm = torch.randperm(n_tokens, generator=gen) if permute else None
+    items = build_work_items(*lists[:4], RANKS, permutation=perm, partners=lists[4])
+    assert items.partners_host is not None and items.num_layers == 2
+    ref = fp64_delta(x, a, b, offsets, *lists[:4], perm)
+    for scfg, ecfg in zip(SHRINK_CFGS, EXPAND_CFGS, strict=True):
+        base = torch.randn(n_tokens, offsets[-1], generator=gen)
+        out = kernel_apply(x, a, b, items, offsets, base.clone(), scfg, ecfg)
+        assert rel_err(out.double() - base.double(), ref) < 1e-5, (scfg, ecfg)
+        unpaired = launch_apply(triton_kernels, x, a, b, items, offsets, base.clone(), (scfg, ecfg),
+                                (items.total_rows, n_tokens))[1]  # fmt: skip
+        assert rel_err(unpaired.double() - base.double(), ref) < 1e-5, (scfg, ecfg)
+
+
+def test_paired_static_one_launch_any_batch() -> None:
+    """Buffers with ``paired`` (one expand launch, as a graph of a merging server captures it)
+    stay right for mixture, unmerged and empty batches filled one after another."""
+    from sglang_vlora.modes.delora import mode_item_lists
+
+    gen = torch.Generator().manual_seed(21)
+    a, b, offsets = make_pool(3, torch.float32, gen)
+    starts, lens, slots = PAIRED_SEGMENTS
+    n_tokens = starts[-1] + lens[-1]
+    scalings = [0.0, 2.0, 0.5, 1.5]
+    static = StaticWorkItems.allocate(capacity=12, max_tokens=n_tokens, num_slots=len(RANKS), device="cpu",
+                                      max_layers=2, paired=True)  # fmt: skip
+    x = torch.randn(n_tokens, D_IN, generator=gen)
+    for merged in (3, None, 1, 2, None):
+        lists = mode_item_lists(starts, lens, slots, RANKS, scalings, merged)
+        items = build_work_items(*lists[:4], RANKS, partners=lists[4])
+        static.fill(items, n_tokens)
+        base = torch.randn(n_tokens, offsets[-1], generator=gen)
+        out = ops.lora_apply_static(x, a, b, static, offsets, base.clone())
+        ref = fp64_delta(x, a, b, offsets, *lists[:4])
+        assert rel_err(out.double() - base.double(), ref) < 1e-5, merged
+    overlapping = build_work_items([0, 0], [8, 8], [1, 2], [1.0, 1.0], RANKS)  # overlap that is no pair
+    with pytest.raises(ValueError, match="without pairs"):
+        static.fill(overlapping, n_tokens)
 
 
 def test_public_shrink_writes_whole_output() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sglang_vlora.atmm import ops
+from sglang_vlora.atmm.work_items import ABSORBED, NO_PARTNER
 from sglang_vlora.modes.delora import mode_item_lists, mode_work_items
 from sglang_vlora.modes.switcher import SwiftSwitcher, deltas_from_pool, slice_kinds
 
@@ -46,25 +47,31 @@ def test_items_per_request_kind():
     starts, lens, slots = segments()
     got = mode_item_lists(starts, lens, slots, RANKS, SCALINGS, merged_slot=3)
     items = list(zip(*got, strict=True))
-    # requests of slot 3 get nothing; others +own; base-only requests only
-    # -s_3; each run of adjacent non-3 requests shares one -s_3 item
+    # requests of slot 3 get nothing; others +own; base-only requests only -s_3; each
+    # run of adjacent non-3 requests of one kind (adapter / base-only) shares one -s_3
+    # item, which the run's +own items absorb (their partner: its index)
     assert items == [
-        (0, 5, 1, 2.0),
-        (5, 3, 2, 0.5),
-        (0, 8, 3, -1.5),
-        (19, 6, 1, 2.0),
-        (25, 2, 2, 0.5),
-        (31, 2, 1, 2.0),
-        (15, 13, 3, -1.5),
-        (31, 2, 3, -1.5),
+        (0, 5, 1, 2.0, 2),
+        (5, 3, 2, 0.5, 2),
+        (0, 8, 3, -1.5, NO_PARTNER),
+        (19, 6, 1, 2.0, 6),
+        (15, 4, 3, -1.5, NO_PARTNER),  # base-only run: expanded on its own
+        (25, 2, 2, 0.5, 6),
+        (19, 8, 3, -1.5, NO_PARTNER),
+        (31, 2, 1, 2.0, 9),
+        (27, 1, 3, -1.5, NO_PARTNER),
+        (31, 2, 3, -1.5, NO_PARTNER),
     ]
+    built = mode_work_items(starts, lens, slots, RANKS, SCALINGS, merged_slot=3)
+    assert built.partners_host == [2, 2, ABSORBED, 6, NO_PARTNER, 6, ABSORBED, 9, NO_PARTNER, ABSORBED]
+    assert built.num_layers == 2  # the shrink rows and the layer-by-layer kernels still see the overlap
 
 
 def test_no_merged_adapter_is_plain_unmerged():
     starts, lens, slots = segments()
     got = list(zip(*mode_item_lists(starts, lens, slots, RANKS, SCALINGS, merged_slot=None), strict=True))
     expect = [
-        (s, n, slot, SCALINGS[slot])
+        (s, n, slot, SCALINGS[slot], NO_PARTNER)
         for s, n, slot in zip(starts, lens, slots, strict=True)
         if n and RANKS[slot]
     ]
@@ -74,6 +81,7 @@ def test_no_merged_adapter_is_plain_unmerged():
 def test_all_merged_requests_need_no_items():
     items = mode_work_items([0, 4], [4, 3], [2, 2], RANKS, SCALINGS, merged_slot=2)
     assert items.num_items == 0
+    assert mode_work_items([0, 4], [4, 3], [1, 2], RANKS, SCALINGS, merged_slot=None).partners is None
 
 
 def test_bad_merged_slot():

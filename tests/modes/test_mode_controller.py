@@ -130,6 +130,7 @@ def test_max_mode_items_bounds_every_batch():
         merged = [None, 1, 2, 3, 4][trial % 5]
         lists = mode_item_lists(starts, lens, slots, ranks, scalings, merged)
         assert len(lists[0]) <= max_mode_items(n)
-        assert build_work_items(*lists, ranks).num_layers <= MAX_MODE_LAYERS
-    worst = [1, 2, 3, 2, 1, 2, 3, 1]  # merged 2 between runs of distinct other adapters
-    assert len(mode_item_lists(list(range(8)), [1] * 8, worst, ranks, scalings, 2)[0]) == max_mode_items(8)
+        assert build_work_items(*lists[:4], ranks, partners=lists[4]).num_layers <= MAX_MODE_LAYERS
+    for n in (1, 7, 8):  # adapter and base-only requests alternating, merged 2 not among them
+        worst = [1, 0] * (n // 2) + [1] * (n % 2)
+        assert len(mode_item_lists(list(range(n)), [1] * n, worst, ranks, scalings, 2)[0]) == max_mode_items(n)

@@ -122,8 +122,9 @@ GRAPH_BS = 8
 REPLAYS = [
     ("unmerge: requests of one adapter apart, grouped by slot", None, [1, 3, 3, 2, 0, 1, 2, 1], 3),
     ("mixture: grouped, k between the others, two layers", 2, [1, 2, 3, 2, 1, 2, 3, 1], 4),
-    ("mixture: every slot, the most items", 2, [1, 0, 2, 3], 4),
-    ("mixture: fewer items, stale entries left from the batch before", 2, [3, 0, 2], 2),
+    # grouped by slot: a base-only run (-k), slot 1 (+1 absorbing its -k), k, slot 3 (likewise)
+    ("mixture: every slot, the most items", 2, [1, 0, 2, 3], 5),
+    ("mixture: fewer items, stale entries left from the batch before", 2, [3, 0, 2], 3),
     ("merge: only the merged adapter's requests, no items", 2, [2, 2, 2, 2, 2], 0),
     ("mixture: base-only requests (-k only)", 2, [0, 0, 2, 0], 1),
     ("unmerge: one request", None, [3], 1),
@@ -162,6 +163,7 @@ def test_graph_path_replays_any_mode_and_item_count(kind, impl):
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
     static = backend.graph_items
     assert static.capacity == max_mode_items(len(SLOTS_RANKS)) and static.max_layers == 2
+    assert static.paired  # a merging policy: mixture's pairs in one expand launch
     buffers = (static.packed.data_ptr(), static.permutation.data_ptr())
 
     # Capture: SGLang prepares a padded, base-only batch (no items), then captures.
