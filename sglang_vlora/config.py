@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
-from sglang_vlora.orchestrator.policy import ADMISSIONS
+from sglang_vlora.orchestrator.policy import ADMISSIONS, KEEP_MERGED
 
 ENV_VAR = "SGLANG_VLORA_CONFIG"
 PLUGIN_NAME = "vlora"
@@ -45,6 +45,10 @@ class VLoRAConfig:
     # While an adapter is merged: "algorithm1" holds the other adapters' requests back until they
     # starve, as the paper does; "all" admits them too (they run in mixture).
     admission: str = "algorithm1"
+    # Once an adapter is merged: "majority" unmerges when Algorithm 1's line 5 fails, as the paper
+    # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
+    # the max batch starve.
+    keep_merged: str = "majority"
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -62,6 +66,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-theta must be a finite number of seconds >= 0, got {self.theta}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"--vlora-admission must be one of {ADMISSIONS}, got {self.admission!r}")
+        if self.keep_merged not in KEEP_MERGED:
+            raise ValueError(f"--vlora-keep-merged must be one of {KEEP_MERGED}, got {self.keep_merged!r}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
@@ -94,6 +100,7 @@ class VLoRAConfig:
             theta=args.vlora_theta,
             max_batch=args.vlora_max_batch,
             admission=args.vlora_admission,
+            keep_merged=args.vlora_keep_merged,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
         )
@@ -158,6 +165,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="While an adapter is merged (policy vlora): algorithm1 (default) holds the other adapters' "
         "requests back until they starve, as the paper's Algorithm 1 does; all admits them too (they "
         "run in mixture).",
+    )
+    group.add_argument(
+        "--vlora-keep-merged",
+        choices=KEEP_MERGED,
+        default=defaults.keep_merged,
+        help="Once an adapter is merged (policy vlora): majority (default) unmerges as soon as line 5 of "
+        "the paper's Algorithm 1 fails (it no longer holds more than half of the max batch, or more than "
+        "half starve); plurality keeps it merged while it is the most-requested adapter and at most half "
+        "of the max batch starve.",
     )
     group.add_argument(
         "--vlora-cost-model",

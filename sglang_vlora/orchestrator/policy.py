@@ -21,6 +21,17 @@ What happens to the other adapters' requests while an adapter is merged is the
   the benchmark GPU it did not pay (docs/orchestrator.md): at vision size requests mostly
   arrive alone, so it changed few batches, and its latencies were no better.
 
+Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
+(``--vlora-keep-merged``):
+
+* ``majority`` (the default): the paper's rule: line 5 is checked every iteration, and the
+  weights unmerge as soon as it fails;
+* ``plurality``: entering a merge still needs line 5, but an adapter already merged stays
+  merged while it is still the most-requested adapter and at most half of the max batch
+  starve (the other adapters' requests run in mixture around it, admitted as ``admission``
+  says). Under Algorithm 1's admission the requests held back while merged count in line 5
+  and can take the top adapter's majority away although it still has the most requests.
+
 Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
 
 * running requests hold KV cache and are **never paused**: every batch runs all of them,
@@ -62,6 +73,7 @@ from sglang_vlora.orchestrator.cost_model import CostModel
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState, WeightState
 
 ADMISSIONS = ("algorithm1", "all")  # see the module docstring
+KEEP_MERGED = ("majority", "plurality")  # see the module docstring
 
 # Why a decision went the way it did (Decision.reason). Every policy:
 IDLE = "idle"  # no request in flight: the weights stay as the policy keeps them idle
@@ -73,6 +85,7 @@ BELOW_MAX_BATCH = "below_max_batch"  # more than half of those in flight, but at
 STARVING = "starving"  # the top adapter has more than half of max batch, but over half starve (dLoRA: any)
 KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch budget kept the current ones
 KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
+KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
 # The comparison policies (baselines.py):
 SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
 DRAIN_MERGED = "drain_merged"  # another adapter wanted: the current weights finish their running requests
@@ -87,6 +100,7 @@ DECISION_REASONS = (
     STARVING,
     KEPT_SWITCH_BUDGET,
     KEPT_NO_SLOT,
+    KEPT_PLURALITY,
     SERVE_ONE_ADAPTER,
     DRAIN_MERGED,
     DRAIN_UNMERGED,
@@ -103,6 +117,7 @@ class PolicyConfig:
     adapter_slots: int | None = None  # distinct adapters per batch; None: no limit
     switch_budget: float = 0.1  # largest fraction of the time V-LoRA may spend switching weights
     admission: str = "algorithm1"  # merged weights admit the starving (Algorithm 1), or "all" waiting requests
+    keep_merged: str = "majority"  # merged weights stay while line 5 holds, or while they are the top adapter
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.theta) or self.theta < 0:
@@ -115,6 +130,8 @@ class PolicyConfig:
             raise ValueError(f"switch_budget must be in (0, 1], got {self.switch_budget}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
+        if self.keep_merged not in KEEP_MERGED:
+            raise ValueError(f"keep_merged must be one of {KEEP_MERGED}, got {self.keep_merged!r}")
 
     def threshold(self, request: Request) -> float:
         """Credit above which ``request`` starves: theta, or its SLO when tighter."""
@@ -366,12 +383,12 @@ class VLoRAPolicy(SchedulingPolicy):
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
         if top is not None and merge_condition(self.config, starving, top_requests):
-            # Lines 6-12: merge top; admit the starving first (mixture), then top's requests;
-            # with admission "all" the others after them (mixture) instead of waiting to starve.
-            adapter, order, reason = top, starving_first(starving, top_requests, state), MERGE
-            if self.config.admission == "all":
-                placed = {r.rid for r in order}
-                order += queue_order((r for r in state.requests if r.rid not in placed), state)
+            # Lines 6-12: merge top.
+            adapter, order, reason = top, self.merged_order(state, starving, top_requests), MERGE
+        elif self.keeps_plurality(state, starving, top):
+            # keep_merged "plurality": line 5 failed, but the merged adapter is still the top
+            # one and at most half of max batch starve; it stays, admitting as a merge does.
+            adapter, order, reason = top, self.merged_order(state, starving, top_requests), KEPT_PLURALITY
         else:
             # Lines 13-15: unmerge; the starving first, then everyone. When line 5's second
             # half holds, its first failed: more than half of max batch starve.
@@ -385,3 +402,26 @@ class VLoRAPolicy(SchedulingPolicy):
         elif not within_switch_budget(state, self.config, self.cost, adapter):
             adapter, reason = state.merged, KEPT_SWITCH_BUDGET
         return Plan(adapter, order, reason)
+
+    def merged_order(
+        self, state: SchedulerState, starving: Sequence[Request], merged_requests: Sequence[Request]
+    ) -> list[Request]:
+        """Admission order with an adapter merged: the starving first (mixture), then the merged
+        adapter's requests; with admission "all" every other request after them (mixture)
+        instead of waiting to starve."""
+        order = starving_first(starving, merged_requests, state)
+        if self.config.admission == "all":
+            placed = {r.rid for r in order}
+            order += queue_order((r for r in state.requests if r.rid not in placed), state)
+        return order
+
+    def keeps_plurality(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
+        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails: an
+        adapter is merged, it is still the most requested (``top``), and at most half of max
+        batch starve. It never enters a merge."""
+        return (
+            self.config.keep_merged == "plurality"
+            and state.merged is not None
+            and top == state.merged
+            and 2 * len(starving) <= self.config.max_batch
+        )

@@ -94,6 +94,7 @@ class Orchestrator:
         self.controller = controller
         self.policy_name = cfg.policy
         self.admission = cfg.admission
+        self.keep_merged = cfg.keep_merged
         self.adapter_slots = scheduler.server_args.max_loras_per_batch
         self.limits = DerivedLimits(cfg.max_batch, cfg.theta, *_capacity(scheduler))
         layers = len(self.lora_manager.lora_modules)
@@ -193,7 +194,7 @@ class Orchestrator:
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
             theta=self.limits.theta()[0], max_batch=self.limits.max_batch()[0], adapter_slots=self.adapter_slots,
-            admission=self.admission,
+            admission=self.admission, keep_merged=self.keep_merged,
         )
 
     def _decide(self, now: float, waiting: list, running: list) -> Decision:
@@ -367,6 +368,7 @@ class Orchestrator:
         return {
             "policy": self.policy_name,
             "admission": self.admission,
+            "keep_merged": self.keep_merged,
             "theta_s": theta,
             "theta_source": theta_source,
             "max_batch": max_batch,

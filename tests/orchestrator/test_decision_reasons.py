@@ -23,6 +23,7 @@ from sglang_vlora.orchestrator.policy import (
     DRAIN_UNMERGED,
     IDLE,
     KEPT_NO_SLOT,
+    KEPT_PLURALITY,
     KEPT_SWITCH_BUDGET,
     MERGE,
     NEVER_MERGES,
@@ -107,6 +108,18 @@ def test_kept_no_slot_when_the_adapter_to_merge_finds_no_pool_slot():
     over_budget = dataclasses.replace(current, last_switch=1.0)
     assert decide("vlora", over_budget, max_batch=4, adapter_slots=2).reason == KEPT_NO_SLOT
     assert decide("vlora", current, max_batch=4, adapter_slots=3).reason == MERGE
+
+
+def test_kept_plurality_when_the_merged_adapter_is_still_the_most_requested():
+    """a merged with two of the four requests in flight, b and c one each (b1 running):
+    no majority. keep_merged "plurality" keeps a (b's running request makes it mixture)."""
+    current = state(
+        1.0, [req("a2", "a", 1.0), req("c1", "c", 1.0)], [running("a1", "a", 0.9), running("b1", "b", 0.9)],
+        Mode.MIXTURE, "a",
+    )
+    kept = decide("vlora", current, max_batch=5, keep_merged="plurality")
+    assert (kept.mode, kept.adapter, kept.reason) == (Mode.MIXTURE, "a", KEPT_PLURALITY)
+    assert decide("vlora", current, max_batch=5).reason == NO_MAJORITY
 
 
 @pytest.mark.parametrize("name", ["vlora", "merge-only", "unmerge-only", "dlora"])

@@ -174,6 +174,7 @@ def test_state_rejects_duplicate_request_ids():
         {"theta": 1.0, "max_batch": 0},
         {"theta": 1.0, "max_batch": 4, "adapter_slots": 0},
         {"theta": 1.0, "max_batch": 4, "admission": "fifo"},
+        {"theta": 1.0, "max_batch": 4, "keep_merged": "always"},
     ],
 )
 def test_config_rejects_nonsense(kwargs):

@@ -22,7 +22,9 @@ from sglang_vlora.orchestrator import (
 )
 from sglang_vlora.orchestrator import policy as reasons
 from sglang_vlora.orchestrator.cost_model import SCHEMA
-from tests.orchestrator.builders import RANKS, cost_model
+from sglang_vlora.orchestrator.policy import ADMISSIONS, KEEP_MERGED
+from tests.orchestrator.builders import RANKS, cost_model, req, running
+from tests.orchestrator.builders import state as hand_built
 
 ADAPTERS = (None, "a", "b", "c", "d")
 NO_STARVATION_BOUND = ("vlora", "unmerge-only", "dlora")  # merge-only serves one adapter at a time
@@ -89,6 +91,8 @@ configs = st.builds(
     theta=st.floats(0.0, 2.0),
     max_batch=st.integers(1, 16),
     adapter_slots=st.none() | st.integers(1, 5),
+    admission=st.sampled_from(ADMISSIONS),
+    keep_merged=st.sampled_from(KEEP_MERGED),
 )
 
 
@@ -179,9 +183,11 @@ def test_starving_requests_come_first_in_slo_order(name, state, config, cost):
 @given(state=states(), config=configs, cost=cost_models())
 def test_vlora_weights_follow_algorithm_1(state, config, cost):
     """Line 5 picks the weights (no switch budget applies: the states never switched; no
-    pool-slot limit: the slot check is a deviation tested on its own); the batch then runs
-    merge or mixture by whether other adapters' requests are in it."""
-    decision = make_policy("vlora", dataclasses.replace(config, adapter_slots=None), cost).decide(state)
+    pool-slot limit: the slot check is a deviation tested on its own, and so are admission
+    "all" and keep_merged "plurality"); the batch then runs merge or mixture by whether other
+    adapters' requests are in it."""
+    paper = dataclasses.replace(config, adapter_slots=None, admission="algorithm1", keep_merged="majority")
+    decision = make_policy("vlora", paper, cost).decide(state)
     if not state.requests:
         return
     starving = len(decision.starving)
@@ -203,23 +209,41 @@ def test_vlora_weights_follow_algorithm_1(state, config, cost):
             assert set(admitted_others) <= set(decision.starving)
 
 
+# a merged with two of the four requests in flight, b and c one each: the plurality, no majority
+A_PLURALITY = hand_built(
+    1.0, [req("a2", "a", 1.0), req("c1", "c", 1.0)], [running("a1", "a", 0.9), running("b1", "b", 0.9)],
+    Mode.MIXTURE, "a",
+)
+
+
 @settings(max_examples=200, deadline=None)
 @given(state=states(switched=True), config=configs, cost=cost_models())
+@example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="plurality"), cost=cost_model())
+@example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="majority"), cost=cost_model())
 def test_vlora_reasons_name_what_decided(state, config, cost):
-    """The reason is the condition that decided: which half of line 5 failed, or that the
-    slots or the switch budget kept the current weights (then they are kept)."""
+    """The reason is the condition that decided: which half of line 5 failed, that
+    keep_merged "plurality" kept the merged adapter (still the most requested, at most half
+    of max batch starving), or that the slots or the switch budget kept the current weights
+    (then they are kept)."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
         return
-    counts = [sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None]
-    twice_top, twice_starving = 2 * max(counts), 2 * len(decision.starving)
+    counts = {a: sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None}
+    twice_top, twice_starving = 2 * max(counts.values()), 2 * len(decision.starving)
     in_flight, max_batch = len(state.requests), config.max_batch
-    event(f"reason {decision.reason}")
+    line_5 = twice_top > max_batch and twice_starving <= max_batch
+    merged_is_top = state.merged is not None and 0 < counts[state.merged] == max(counts.values())
+    keeps = config.keep_merged == "plurality" and merged_is_top and twice_starving <= max_batch
+    event(f"{config.keep_merged}: reason {decision.reason}")
+    assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and not line_5)
+    if decision.reason == reasons.KEPT_PLURALITY:
+        assert decision.adapter == state.merged
+        return
     if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
         assert decision.adapter == state.merged
         return
     assert (decision.reason == reasons.MERGE) == (decision.adapter is not None)
-    assert (decision.reason == reasons.MERGE) == (twice_top > max_batch and twice_starving <= max_batch)
+    assert (decision.reason == reasons.MERGE) == line_5
     assert (decision.reason == reasons.NO_ADAPTER) == (twice_top == 0)
     if decision.reason == reasons.NO_MAJORITY:
         assert 0 < twice_top <= min(in_flight, max_batch)
@@ -274,6 +298,8 @@ def workloads(draw):
         max_batch=max_batch,
         adapter_slots=draw(st.none() | st.integers(len(adapters), 6)),
         switch_budget=draw(st.floats(0.01, 1.0)),
+        admission=draw(st.sampled_from(ADMISSIONS)),
+        keep_merged=draw(st.sampled_from(KEEP_MERGED)),
     )
     return config, dt, arrivals
 

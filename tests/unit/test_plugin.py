@@ -72,8 +72,8 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert result["atmm_registered"]
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
-        "policy": "vlora", "theta": None, "max_batch": None, "admission": "algorithm1", "cost_model": None,
-        "max_image_pixels": 32 * 1024 * 1024,
+        "policy": "vlora", "theta": None, "max_batch": None, "admission": "algorithm1",
+        "keep_merged": "majority", "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -133,6 +133,14 @@ def test_unknown_admission_is_refused_by_name(capsys):
     assert "--vlora-admission: invalid choice: 'fifo'" in capsys.readouterr().err
 
 
+def test_unknown_keep_merged_is_refused_by_name(capsys):
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--vlora-keep-merged", "always"])
+    assert "--vlora-keep-merged: invalid choice: 'always'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "options, reason",
     [
@@ -142,6 +150,7 @@ def test_unknown_admission_is_refused_by_name(capsys):
         ({"theta": float("nan")}, "--vlora-theta must be"),
         ({"max_batch": 0}, "--vlora-max-batch must be"),
         ({"admission": "fifo"}, "--vlora-admission must be one of"),
+        ({"keep_merged": "always"}, "--vlora-keep-merged must be one of"),
         ({"cost_model": "no/such/costs.json"}, "no such file"),
         ({"max_image_pixels": 0}, "--vlora-max-image-pixels must be"),
     ],
@@ -154,11 +163,12 @@ def test_bad_orchestrator_options_are_refused(options, reason):
 def test_orchestrator_flags_reach_the_children():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "unmerge-only", "--lora-backend", "triton",
-         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "all", *BASE_ARGS]
+         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "all",
+         "--vlora-keep-merged", "plurality", *BASE_ARGS]
     )
     config = json.loads(result["config_env"])
     assert (config["policy"], config["theta"], config["max_batch"]) == ("unmerge-only", 0.25, 12)
-    assert config["admission"] == "all"
+    assert (config["admission"], config["keep_merged"]) == ("all", "plurality")
 
 
 def test_config_round_trips_through_the_environment(monkeypatch):
