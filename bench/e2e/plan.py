@@ -57,6 +57,9 @@ SYSTEMS = {s.name: s for s in (
     System("vlora_admit_all", "`--plugin vlora --vlora-admission all` (while an adapter is merged, the "
            "others' requests are admitted at once, in mixture, instead of waiting until they starve)",
            plugin=True, extra_flags=("--vlora-admission", "all")),
+    System("vlora_plurality", "`--plugin vlora --vlora-admission all --vlora-keep-merged plurality` (stays "
+           "merged while the merged adapter is the most requested; the others admitted at once, in mixture)",
+           plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "plurality")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
 )}

@@ -208,7 +208,8 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
             for name, waits in orch["admission_waits"].items() if isinstance(waits, dict)
         }
     config = (after.get("orchestrator") or {}) if isinstance(after.get("orchestrator"), dict) else after
-    summary["config"] = {k: config[k] for k in ("policy", "admission", "theta_s", "max_batch") if k in config}
+    keys = ("policy", "admission", "keep_merged", "theta_s", "max_batch")
+    summary["config"] = {k: config[k] for k in keys if k in config}
     if "switch_count" in delta:
         summary["mode_switches"] = delta["switch_count"]
     if isinstance(delta.get("batches_without_lora_work"), dict):
