@@ -43,12 +43,13 @@ class VLoRAConfig:
     # Requests per iteration the policy plans for; None: derived from the requests in flight.
     max_batch: int | None = None
     # While an adapter is merged: "algorithm1" holds the other adapters' requests back until they
-    # starve, as the paper does; "all" admits them too (they run in mixture).
-    admission: str = "algorithm1"
+    # starve, as the paper does; "all" admits them too (they run in mixture). The default with
+    # keep_merged "plurality": measured faster on the H200 (docs/orchestrator.md).
+    admission: str = "all"
     # Once an adapter is merged: "majority" unmerges when Algorithm 1's line 5 fails, as the paper
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
     # the max batch starve.
-    keep_merged: str = "majority"
+    keep_merged: str = "plurality"
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -162,18 +163,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--vlora-admission",
         choices=ADMISSIONS,
         default=defaults.admission,
-        help="While an adapter is merged (policy vlora): algorithm1 (default) holds the other adapters' "
-        "requests back until they starve, as the paper's Algorithm 1 does; all admits them too (they "
-        "run in mixture).",
+        help="While an adapter is merged (policy vlora): algorithm1 holds the other adapters' "
+        "requests back until they starve, as the paper's Algorithm 1 does; all (default) admits them too "
+        "(they run in mixture).",
     )
     group.add_argument(
         "--vlora-keep-merged",
         choices=KEEP_MERGED,
         default=defaults.keep_merged,
-        help="Once an adapter is merged (policy vlora): majority (default) unmerges as soon as line 5 of "
+        help="Once an adapter is merged (policy vlora): majority unmerges as soon as line 5 of "
         "the paper's Algorithm 1 fails (it no longer holds more than half of the max batch, or more than "
-        "half starve); plurality keeps it merged while it is the most-requested adapter and at most half "
-        "of the max batch starve.",
+        "half starve); plurality (default) keeps it merged while it is the most-requested adapter and at "
+        "most half of the max batch starve.",
     )
     group.add_argument(
         "--vlora-cost-model",

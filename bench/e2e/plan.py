@@ -47,18 +47,25 @@ class System:
 
 SYSTEMS = {s.name: s for s in (
     System("nolora", "no LoRA at all: plain SGLang, no adapters loaded (the floor)", lora=False),
-    System("vlora", "V-LoRA (ours): `--plugin vlora` with its defaults (ATMM, Algorithm 1)", plugin=True),
+    System("vlora", "V-LoRA (ours): `--plugin vlora` with its defaults (ATMM, Algorithm 1 with the "
+           "others admitted at once and a merged adapter kept while it is the most requested)", plugin=True),
     System("csgmv", "SGLang `--lora-backend csgmv` (its default; Punica-like SGMV)", lora_backend="csgmv"),
     System("triton", "SGLang `--lora-backend triton` (S-LoRA-like)", lora_backend="triton"),
     System("unmerge_only", "`--plugin vlora --vlora-policy unmerge-only` (ATMM alone)", plugin=True,
            policy="unmerge-only"),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
-    System("vlora_admit_all", "`--plugin vlora --vlora-admission all` (while an adapter is merged, the "
-           "others' requests are admitted at once, in mixture, instead of waiting until they starve)",
-           plugin=True, extra_flags=("--vlora-admission", "all")),
-    System("vlora_plurality", "`--plugin vlora --vlora-admission all --vlora-keep-merged plurality` (stays "
-           "merged while the merged adapter is the most requested; the others admitted at once, in mixture)",
+    System("vlora_paper", "`--plugin vlora --vlora-admission algorithm1 --vlora-keep-merged majority` "
+           "(Algorithm 1's own rules: the others' requests wait until they starve, and a merged adapter "
+           "unmerges as soon as line 5 fails)",
+           plugin=True, extra_flags=("--vlora-admission", "algorithm1", "--vlora-keep-merged", "majority")),
+    System("vlora_admit_all", "`--plugin vlora --vlora-admission all --vlora-keep-merged majority` (while an "
+           "adapter is merged, the others' requests are admitted at once, in mixture; it unmerges as soon "
+           "as line 5 fails)",
+           plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "majority")),
+    System("vlora_plurality", "`--plugin vlora --vlora-admission all --vlora-keep-merged plurality` (our "
+           "defaults spelled out: stays merged while the merged adapter is the most requested; the others "
+           "admitted at once, in mixture)",
            plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "plurality")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
@@ -181,7 +188,7 @@ CALLS = {c.name: c for c in (
          why="video understanding on 6 frames: task heads vs LM decoding"),
     Call("peers", "gpu", ("nolora", "triton", "unmerge_only"), ("sgl-mixed",),
          why="SGLang's triton backend and ATMM alone on the headline workload"),
-    Call("policies", "gpu", ("nolora", "merge_only", "dlora_like", "vlora_admit_all"), ("sgl-mixed",),
+    Call("policies", "gpu", ("nolora", "merge_only", "dlora_like", "vlora_paper"), ("sgl-mixed",),
          why="the comparison policies on the headline workload"),
     Call("prefill", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-prefill",), why="1024 in / 1 out"),
     Call("decode", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-decode",), why="16 in / 64 out"),

@@ -29,8 +29,10 @@ def orchestrated(tiny_assets, tmp_path_factory):
         # a fixed max batch, so that the first few requests of a burst (they reach the
         # scheduler one by one) are no majority. (The dLoRA server below derives it.)
         # Small prefill chunks: long prompts are chunked, and the chunked request is part of
-        # the policy's running set.
+        # the policy's running set. Algorithm 1's own admission and line 5 (the defaults admit
+        # the others at once and keep a merged top adapter: tests/orchestrator/test_keep_merged.py).
         ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
+         "--vlora-admission", "algorithm1", "--vlora-keep-merged", "majority",
          "--enable-metrics", "--chunked-prefill-size", "64"],
     )
     yield srv

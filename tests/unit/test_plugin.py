@@ -72,8 +72,8 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert result["atmm_registered"]
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
-        "policy": "vlora", "theta": None, "max_batch": None, "admission": "algorithm1",
-        "keep_merged": "majority", "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
+        "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
+        "keep_merged": "plurality", "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -163,12 +163,12 @@ def test_bad_orchestrator_options_are_refused(options, reason):
 def test_orchestrator_flags_reach_the_children():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "unmerge-only", "--lora-backend", "triton",
-         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "all",
-         "--vlora-keep-merged", "plurality", *BASE_ARGS]
+         "--vlora-theta", "0.25", "--vlora-max-batch", "12", "--vlora-admission", "algorithm1",
+         "--vlora-keep-merged", "majority", *BASE_ARGS]
     )
     config = json.loads(result["config_env"])
     assert (config["policy"], config["theta"], config["max_batch"]) == ("unmerge-only", 0.25, 12)
-    assert (config["admission"], config["keep_merged"]) == ("all", "plurality")
+    assert (config["admission"], config["keep_merged"]) == ("algorithm1", "majority")  # not the defaults
 
 
 def test_config_round_trips_through_the_environment(monkeypatch):
