@@ -1,6 +1,6 @@
 """GPU check: the first eager call of a shape compiles the Triton kernel of every config
-the tiling table may pick for it, both expand variants included (one layer of items, and
-the overlapping layers of a mixture batch), so a token count or a mixture batch first seen
+the tiling table may pick for it, both expand variants included (plain items, and a
+mixture batch's pairs), so a token count or a mixture batch first seen
 while serving launches an already compiled kernel (skipped without CUDA or under Triton's
 interpreter)."""
 
@@ -26,19 +26,21 @@ def test_first_call_of_a_shape_compiles_every_table_config() -> None:
     from sglang_vlora.atmm.work_items import build_work_items
     from sglang_vlora.modes.delora import mode_work_items
 
-    k, rank, widths = 1152, 48, (1152, 256, 256)  # a shape no other test uses: nothing compiled yet
+    k, rank, widths = 1152, 48, (1152, 256, 256)  # a shape no other test uses
     dev = ops._device_name(torch.empty(1, device="cuda"))
     shrink_cfgs = tiling.triton_configs(dev, "shrink", {"k": k, "n": 3 * rank})
     expand_cfgs = tiling.triton_configs(dev, "expand", {"n": sum(widths), "s": 3, "r": rank})
     a = torch.randn(2, 3 * rank, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2, sum(widths), rank, device="cuda", dtype=torch.bfloat16)
     offsets = [0, widths[0], widths[0] + widths[1], sum(widths)]
-    before = _compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)
     x = torch.randn(40, k, device="cuda", dtype=torch.bfloat16)
     items = build_work_items([0], [40], [1], [1.0], [0, rank], device="cuda")
     ops.lora_apply(x, a, b, items, offsets, torch.zeros(40, sum(widths), device="cuda", dtype=x.dtype))
     after = _compiled(triton_kernels._shrink_kernel), _compiled(triton_kernels._expand_kernel)
-    assert after[0] - before[0] >= len(shrink_cfgs) and after[1] - before[1] >= len(expand_cfgs)
+    # A variant compiled for another shape with the same configs, dtypes and alignments serves
+    # this one too (the expand kernel specialises no size), so an earlier test may have compiled
+    # some: the first call compiles what is missing, and no launch below compiles anything.
+    assert after[0] >= len(shrink_cfgs) and after[1] >= 2 * len(expand_cfgs)  # plain and paired expand
     # another token count of the same shape compiles nothing new
     x = torch.randn(3000, k, device="cuda", dtype=torch.bfloat16)
     items = build_work_items([0], [3000], [1], [1.0], [0, rank], device="cuda")
