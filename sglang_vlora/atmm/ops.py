@@ -437,17 +437,17 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
     which, cfg = _pick("expand", output, dims, impl)
     if which == "cublas":
         return lambda inter, b, out: cublas_ops.expand(inter, b, out, items, list(slice_offsets))
-    item_args = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts, items.layers,
-                 items.num_layers, items.ranks)
-    if which == "cuda":
+    segments = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts)
+    if which == "cuda":  # pairs as ordinary overlap layers
         row_tiles = cuda_ext.exact_row_tiles(items.seg_lens_host, cfg.block_m)
         return lambda inter, b, out: cuda_ext.launch_expand(
-            inter, b, out, *item_args, items.permutation, slice_offsets, row_tiles, cfg
+            inter, b, out, *segments, items.layers, items.num_layers, items.ranks, items.permutation,
+            slice_offsets, row_tiles, cfg,
         )
     rows = min(items.total_rows, output.shape[0])
     perm = _kernel_permutation(items, output.shape[0])
     layers, num_layers, partners = expand_layout(items)
-    args = (inter, b_buffer, output, *item_args[:5], layers, num_layers, items.ranks, perm, slice_offsets)
+    args = (inter, b_buffer, output, *segments, layers, num_layers, items.ranks, perm, slice_offsets)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": _items_max_rank(items)}
     _compile_table_configs("expand", key, output, lambda c: _compile_expand_variants(inter, b_buffer, output, items,
                                                                                      perm, slice_offsets, rows, c))
