@@ -125,20 +125,13 @@ def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
     assert reason in result.get("exit", ""), result
 
 
-def test_unknown_admission_is_refused_by_name(capsys):
+@pytest.mark.parametrize(("flag", "value"), [("--vlora-admission", "fifo"), ("--vlora-keep-merged", "always")])
+def test_unknown_choice_is_refused_by_name(capsys, flag, value):
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     with pytest.raises(SystemExit):
-        parser.parse_args(["--vlora-admission", "fifo"])
-    assert "--vlora-admission: invalid choice: 'fifo'" in capsys.readouterr().err
-
-
-def test_unknown_keep_merged_is_refused_by_name(capsys):
-    parser = argparse.ArgumentParser()
-    add_cli_args(parser)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--vlora-keep-merged", "always"])
-    assert "--vlora-keep-merged: invalid choice: 'always'" in capsys.readouterr().err
+        parser.parse_args([flag, value])
+    assert f"{flag}: invalid choice: '{value}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
