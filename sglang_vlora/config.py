@@ -44,7 +44,7 @@ class VLoRAConfig:
     max_batch: int | None = None
     # While an adapter is merged: "algorithm1" holds the other adapters' requests back until they
     # starve, as the paper does; "all" admits them too (they run in mixture). The default with
-    # keep_merged "plurality": measured faster on the H200 (docs/orchestrator.md).
+    # keep_merged "plurality": at least as fast as the paper's rules on the H200 (docs/orchestrator.md).
     admission: str = "all"
     # Once an adapter is merged: "majority" unmerges when Algorithm 1's line 5 fails, as the paper
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of

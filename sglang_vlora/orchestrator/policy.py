@@ -15,17 +15,18 @@ SLO when that is tighter) is *starving*. Then:
 What happens to the other adapters' requests while an adapter is merged is the
 ``admission`` knob (``--vlora-admission``):
 
-* ``algorithm1`` (the default): the paper's rule: they wait until their credit exceeds theta;
+* ``algorithm1`` (:class:`PolicyConfig`'s default; the server's is ``all``, ``config.py``): the
+  paper's rule: they wait until their credit exceeds theta;
 * ``all``: after the starving requests and the merged adapter's, every other waiting request
-  that fits is admitted too and runs in mixture, so none waits for starvation. Measured on
-  the benchmark GPU it did not pay (docs/orchestrator.md): at vision size requests mostly
-  arrive alone, so it changed few batches, and its latencies were no better.
+  that fits is admitted too and runs in mixture, so none waits for starvation. Alone it did
+  not pay on the benchmark GPU; with ``keep_merged`` "plurality" and mixture's pairs it was at
+  least as fast as the paper's rules (docs/orchestrator.md).
 
 Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
 (``--vlora-keep-merged``):
 
-* ``majority`` (the default): the paper's rule: line 5 is checked every iteration, and the
-  weights unmerge as soon as it fails;
+* ``majority`` (:class:`PolicyConfig`'s default; the server's is ``plurality``): the paper's
+  rule: line 5 is checked every iteration, and the weights unmerge as soon as it fails;
 * ``plurality``: entering a merge still needs line 5, but an adapter already merged stays
   merged while it is still the most-requested adapter and at most half of the max batch
   starve (the other adapters' requests run in mixture around it, admitted as ``admission``
