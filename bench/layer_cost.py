@@ -12,6 +12,11 @@ is set by the host (its launches) and varied by +-40 ms between identical runs. 
 isolated timing (CUDA-graph replays of one launch, the chosen implementation) of each
 kernel the model runs, summed over Qwen2-VL-7B's 28 layers x (qkv shrink + expand, o
 shrink + expand). Prints a table, writes JSON and a PNG.
+
+    python bench/layer_cost.py --host-only [--out bench/results --tag host_cost_h200]
+
+times only the host side of the eager path (GPU), ``host_cost`` below, and writes it with
+the run's provenance.
 """
 
 from __future__ import annotations
@@ -144,9 +149,19 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
         for launch in expand:
             launch(inter, b, out)
 
+    prepared_us = per_call(prepared_launches)  # compiles the handles used below
+    handles = [(shrink, (x, a, inter)), *((launch, (inter, b, out)) for launch in expand)]
+
+    def handle_launches_with_tensors() -> None:  # the same compiled kernels, every argument a tensor
+        for launch, lead in handles:
+            runner = next(iter(launch._runners.values()))
+            runner(*lead, *launch.tail, *launch.constexprs.values())
+
     return {"tokens": tokens, "prepare_lora_batch_us": round(prepare_us, 1),
             "qkv_module_call_us": round(module_us, 1), "two_triton_launches_us": round(per_call(launches), 1),
-            "two_prepared_launches_us": round(per_call(prepared_launches), 1)}
+            "two_prepared_launches_us": round(prepared_us, 1),
+            "two_handle_launches_tensor_args_us": round(per_call(handle_launches_with_tensors), 1),
+            "intermediate_alloc_us": round(per_call(lambda: torch.empty_like(inter)), 1)}
 
 
 def plot(result: list[dict], path: Path) -> None:
@@ -170,15 +185,46 @@ def plot(result: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def write_host_cost(out: Path, tag: str) -> None:
+    """``host_cost()`` as a results file of its own, with the run's provenance."""
+    import provenance
+    import torch
+
+    host = host_cost()
+    print(f"host per eager call (us): {host}")
+    env = provenance.environment(provenance.gpu_info())
+    doc = {
+        "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits: "
+                "one prepare_lora_batch of a 1024-token, one-adapter prefill; one qkv LoRA module call of "
+                "Qwen2-VL-7B (rank 64); the two Triton launches that call makes, through Triton's own launcher, "
+                "as prepared launches, and through the same compiled handles given every argument as a tensor; "
+                "one allocation of the call's intermediate",
+        "device": torch.cuda.get_device_name(0),
+        "command": " ".join(["python", "bench/layer_cost.py", *sys.argv[1:]]),
+        "host_us": host,
+        "provenance": provenance.record(env),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out / (tag + '.json')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", type=Path, required=True)
-    ap.add_argument("--table", type=Path, required=True)
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--table", type=Path)
     ap.add_argument("--system", default="atmm")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--tag", default="layer_cost_h200")
+    ap.add_argument("--tag", default=None, help="results file name (default layer_cost_h200 / host_cost_h200)")
     ap.add_argument("--host", action="store_true", help="also time the host side of an eager call (GPU)")
+    ap.add_argument("--host-only", action="store_true", help="time only the host side of an eager call (GPU)")
     args = ap.parse_args()
+    if args.host_only:
+        write_host_cost(args.out, args.tag or "host_cost_h200")
+        return
+    if args.profile is None or args.table is None:
+        ap.error("--profile and --table are needed unless --host-only")
+    args.tag = args.tag or "layer_cost_h200"
     profile = json.loads(args.profile.read_text())
     table = json.loads(args.table.read_text())
     result = rows(profile, table, args.system)

@@ -100,14 +100,20 @@ def lora_apply(
     impl: str = "auto",
 ) -> torch.Tensor:
     """Shrink then expand: ``output += sum_i scale_i * x_i A_i^T B_i^T`` per slice."""
-    num_slices = len(slice_offsets) - 1
     kernels = _kernel_impl(x, impl)
     if items.num_items == 0:
         return output
     if kernels is not None:
-        _check_shrink_shapes(x, a_buffer)
-        inter = _shrink_kernel(x, a_buffer, items, num_slices, zero_fill=False, impl=kernels)
-        return _expand_kernel(inter, b_buffer, items, slice_offsets, output, impl=kernels)
+        # One plan key per module call: this runs for every LoRA module of every layer of an
+        # eager forward, where the host time is the latency (docs/perf.md).
+        key = ("apply", kernels, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
+               b_buffer.stride(), output.dtype, output.shape, output.stride(), tuple(slice_offsets))
+        plan = items.plans.get(key)
+        if plan is None:
+            plan = items.plans[key] = _apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, kernels)
+        plan(x, a_buffer, b_buffer, output)
+        return output
+    num_slices = len(slice_offsets) - 1
     intermediate = lora_shrink(x, a_buffer, items, num_slices, impl)
     return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
 
@@ -318,6 +324,19 @@ def _plan(items: WorkItems, key: tuple, build: Callable[[], Callable]) -> Callab
     if plan is None:
         plan = items.plans[key] = build()
     return plan
+
+
+def _apply_plan(x, a_buffer, b_buffer, items: WorkItems, slice_offsets: tuple[int, ...], output, impl: str) -> Callable:
+    """``plan(x, a_buffer, b_buffer, output)``: shrink then expand for this shape and batch."""
+    _check_shrink_shapes(x, a_buffer)
+    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, impl)
+    inter = torch.empty((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    expand = _expand_plan(inter, b_buffer, items, slice_offsets, output, impl)
+
+    def run(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        expand(shrink(x, a), b, out)
+
+    return run
 
 
 def _shrink_kernel(

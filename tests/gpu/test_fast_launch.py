@@ -42,3 +42,11 @@ def test_compiled_handle_gives_triton_launch_results() -> None:
     assert (triton_kernels._SHRINK.compiled_count(), triton_kernels._EXPAND.compiled_count()) == held
     assert torch.equal(first, again)
     assert (again.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    # the kept handles take every tensor as its address: new activations, weights and outputs
+    # of the same shapes (the next layer's) are read and written where they are, not where the
+    # first call's were
+    x2, a2, b2 = torch.randn_like(x), torch.randn_like(a) / 8, torch.randn_like(b) / 8
+    ref2 = _apply(x2, a2, b2, items, offsets, "torch").float()
+    other = _apply(x2, a2, b2, items, offsets, "triton")
+    assert (other.float() - ref2).abs().max().item() <= 2e-2 * ref2.abs().max().item()
+    assert torch.equal(_apply(x, a, b, items, offsets, "triton"), first)
