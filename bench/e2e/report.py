@@ -7,7 +7,9 @@ latency with its spread (min / max / stdev), the same for P99 and TTFT, and the 
 cost over the floor**: in each repeat, the system's mean E2E minus the no-LoRA server's
 mean E2E for the same point in the same call and repeat (so each difference is taken on
 one machine, minutes apart), then mean / min / max over repeats. Results of different
-points are never mixed; results of different scales (gpu / cpu) are refused together.
+points are never mixed; results of different scales (gpu / cpu) are refused together. A call
+run with extra server flags (``run --server-args``, e.g. ``--disable-radix-cache``) measured
+other points: its point ids and labels carry the flags (:func:`key_points_by_flags`).
 """
 
 from __future__ import annotations
@@ -46,13 +48,26 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: schema {data.get('schema')!r} is not one of {SCHEMAS} "
                              "(older e2e results cannot be merged with these)")
         data["_file"] = str(path)
-        runs.append(data)
+        runs.append(key_points_by_flags(data))
     if not runs:
         raise ValueError("no results files given")
     scales = {r["call"]["scale"] for r in runs}
     if len(scales) > 1:
         raise ValueError(f"results of different scales {sorted(scales)} cannot be merged")
     return runs
+
+
+def key_points_by_flags(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with its points named after the extra server flags it ran with, if any
+    (``sgl-prefill [--disable-radix-cache]``), so that no table or ratio mixes them with
+    the same point run under the call's own flags. Idempotent: a merged file keeps the names."""
+    extra = " ".join((run.get("setup") or {}).get("extra_server_args") or [])
+    if not extra or run.get("points_keyed_by_flags"):
+        return run
+    key = {pid: f"{pid} [{extra}]" for pid in run["points"]}
+    points = {key[pid]: {**p, "label": f"{p['label']}, {extra}"} for pid, p in run["points"].items()}
+    measurements = [{**m, "point": key.get(m["point"], m["point"])} for m in run["measurements"]]
+    return {**run, "points": points, "measurements": measurements, "points_keyed_by_flags": True}
 
 
 def _spread(values: Sequence[float]) -> dict[str, Any] | None:
@@ -326,14 +341,13 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     LoRA cost relative to csgmv's; the revision and files that produced it."""
     agg = aggregate(runs)
     labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
-    systems = [s for s in HEADLINE_SYSTEMS if any(s in agg.get(p, {}) for p in HEADLINE_POINTS)]
+    points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
+    systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
     lines = [f"Mean E2E latency in ms, mean over repeats (min-max). {provenance_line(runs)} Source: {source}.", "",
              "| point | " + " | ".join(systems) + " | ours' LoRA cost / csgmv's |",
              "|---|" + "---|" * (len(systems) + 1)]
     rat = ratios(agg)
-    for point in HEADLINE_POINTS:
-        if point not in agg:
-            continue
+    for point in points:
         cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]
         lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + f" | "
                      f"{_f(rat[point]['lora_cost_vs_csgmv'], 2)} |")

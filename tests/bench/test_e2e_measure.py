@@ -96,3 +96,40 @@ def test_sglang_details_give_each_requests_latencies_in_request_order():
     assert rows["ttft_ms"] == [100.0, None, 200.0]
     assert rows["e2e_ms"] == [pytest.approx(130.0), None, pytest.approx(250.0)]
     assert measure.sglang_per_request({"ttfts": None}) is None
+
+
+def test_points_run_with_extra_server_flags_are_kept_apart(tmp_path):
+    """A call run with ``--server-args --disable-radix-cache`` measured another workload: its
+    points get their own rows and LoRA costs, and a merged file is not renamed twice."""
+    import json
+
+    from bench.e2e import report
+
+    def run(run_id: str, extra: list[str], floor_ms: float, ours_ms: float) -> dict:
+        def m(system: str, ms: float) -> dict:
+            return {"system": system, "point": "sgl-prefill", "repeat": 0, "status": "ok",
+                    "metrics": {"e2e_ms": {"mean": ms, "p99": ms}, "ttft_ms": {"mean": ms}, "errors": 0,
+                                "requests": 4}}
+
+        return {"schema": report.SCHEMAS[0], "run_id": run_id, "call": {"name": "prefill", "scale": "gpu"},
+                "setup": {"extra_server_args": extra}, "device": "GPU", "platform": "Linux", "cpu_count": 16,
+                "date": "2026-11-24T00:00:00+00:00",
+                "versions": {"sglang": "0.5.23"}, "code": {"revision": "a" * 40, "dirty": False},
+                "points": {"sgl-prefill": {"label": "random-ids 1024 in / 1 out"}},
+                "measurements": [m("nolora", floor_ms), m("vlora", ours_ms)]}
+
+    paths = []
+    for name, extra, floor_ms, ours_ms in (("plain", [], 100.0, 130.0), ("flags", ["--disable-radix-cache"], 110.0,
+                                                                           120.0)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run(name, extra, floor_ms, ours_ms)))
+    runs = report.load(paths)
+    agg = report.aggregate(runs)
+    assert agg["sgl-prefill"]["vlora"]["lora_cost"]["values"] == [30.0]
+    assert agg["sgl-prefill [--disable-radix-cache]"]["vlora"]["lora_cost"]["values"] == [10.0]
+    table = report.headline(runs, "test")
+    assert "| random-ids 1024 in / 1 out |" in table
+    assert "| random-ids 1024 in / 1 out, --disable-radix-cache |" in table
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps(report.merged(runs, [str(p) for p in paths])))
+    assert sorted(report.aggregate(report.load([merged]))) == sorted(agg)
