@@ -133,3 +133,24 @@ def test_points_run_with_extra_server_flags_are_kept_apart(tmp_path):
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps(report.merged(runs, [str(p) for p in paths])))
     assert sorted(report.aggregate(report.load([merged]))) == sorted(agg)
+
+
+def test_unqueued_table_takes_each_repeats_tenth_percentile_of_ttft():
+    """The fastest tenth of the requests found no queue: their TTFT is one prefill's latency,
+    set against the floor's in the same repeat; a queue behind the rest does not move it."""
+    from bench.e2e import report
+
+    def measurement(system: str, repeat: int, ttfts: list[float | None]) -> dict:
+        return {"system": system, "point": "sgl-prefill", "repeat": repeat, "status": "ok",
+                "per_request": {"index": list(range(len(ttfts))), "e2e_ms": ttfts, "ttft_ms": ttfts}}
+
+    floor = [50.0 + i for i in range(20)]  # p10: the third fastest of 20 = 52
+    # 19 answered (one failed), one of them queued 900 ms: p10 = the second fastest = 56
+    queued = [55.0 + i for i in range(18)] + [900.0, None]
+    run = {"call": {"name": "prefill"}, "measurements": [
+        measurement("nolora", 0, floor), measurement("unmerge_only", 0, queued),
+        measurement("csgmv", 1, floor[:5]),  # fewer than 10 answered: no tenth percentile
+    ]}
+    lines = report.unqueued_table([run])
+    assert lines[2:] == ["| sgl-prefill | nolora | 52.0 (n=1) | - |", "| sgl-prefill | unmerge_only | 56.0 (n=1) | 4.0 (n=1) |"]
+    assert report.unqueued_table([{"measurements": []}]) == []
