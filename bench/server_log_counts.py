@@ -51,15 +51,21 @@ def count(log_lines: list[str]) -> dict:
     return counts
 
 
-def call_counts(results_path: Path, logs_path: Path) -> dict:
-    results = json.loads(results_path.read_text())
-    servers = {}
+def server_logs(results: dict, logs_path: Path) -> dict[str, list[str]]:
+    """The log lines of each server of a call (``<system>.log`` in its logs tarball), for the
+    call's own systems only."""
+    logs = {}
     with tarfile.open(logs_path) as tar:
         for member in tar.getmembers():
             name = Path(member.name).name
             if member.isfile() and name.endswith(".log") and name[:-4] in results["systems"]:
-                lines = tar.extractfile(member).read().decode(errors="replace").splitlines()
-                servers[name[:-4]] = count(lines)
+                logs[name[:-4]] = tar.extractfile(member).read().decode(errors="replace").splitlines()
+    return logs
+
+
+def call_counts(results_path: Path, logs_path: Path) -> dict:
+    results = json.loads(results_path.read_text())
+    servers = {name: count(lines) for name, lines in server_logs(results, logs_path).items()}
     return {"results": results_path.name, "run_id": results["run_id"],
             "extra_server_args": results.get("setup", {}).get("extra_server_args", []),
             "servers": servers, "provenance": provenance.record(results, results["date"])}
