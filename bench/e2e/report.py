@@ -57,11 +57,18 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return runs
 
 
+# Server flags that change what a server logs, not what it computes: a run with them measures
+# the same point (bench/forward_times.py reads the request time stats).
+LOGGING_FLAGS = frozenset({"--enable-request-time-stats-logging"})
+
+
 def key_points_by_flags(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` with its points named after the extra server flags it ran with, if any
     (``sgl-prefill [--disable-radix-cache]``), so that no table or ratio mixes them with
-    the same point run under the call's own flags. Idempotent: a merged file keeps the names."""
-    extra = " ".join((run.get("setup") or {}).get("extra_server_args") or [])
+    the same point run under the call's own flags. Flags that only make the servers log
+    (:data:`LOGGING_FLAGS`) do not rename. Idempotent: a merged file keeps the names."""
+    flags = (run.get("setup") or {}).get("extra_server_args") or []
+    extra = " ".join(f for f in flags if f not in LOGGING_FLAGS)
     if not extra or run.get("points_keyed_by_flags"):
         return run
     key = {pid: f"{pid} [{extra}]" for pid in run["points"]}

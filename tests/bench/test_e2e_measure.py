@@ -119,14 +119,18 @@ def test_points_run_with_extra_server_flags_are_kept_apart(tmp_path):
                 "measurements": [m("nolora", floor_ms), m("vlora", ours_ms)]}
 
     paths = []
-    for name, extra, floor_ms, ours_ms in (("plain", [], 100.0, 130.0), ("flags", ["--disable-radix-cache"], 110.0,
-                                                                           120.0)):
+    logging = "--enable-request-time-stats-logging"  # logs only: the same point
+    for name, extra, floor_ms, ours_ms in (("plain", [], 100.0, 130.0),
+                                           ("flags", ["--disable-radix-cache"], 110.0, 120.0),
+                                           ("logged", [logging], 100.0, 120.0),
+                                           ("both", ["--disable-radix-cache", logging], 100.0, 115.0)):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(run(name, extra, floor_ms, ours_ms)))
     runs = report.load(paths)
     agg = report.aggregate(runs)
-    assert agg["sgl-prefill"]["vlora"]["lora_cost"]["values"] == [30.0]
-    assert agg["sgl-prefill [--disable-radix-cache]"]["vlora"]["lora_cost"]["values"] == [10.0]
+    assert sorted(agg) == ["sgl-prefill", "sgl-prefill [--disable-radix-cache]"]
+    assert agg["sgl-prefill"]["vlora"]["lora_cost"]["values"] == [30.0, 20.0]
+    assert agg["sgl-prefill [--disable-radix-cache]"]["vlora"]["lora_cost"]["values"] == [10.0, 15.0]
     table = report.headline(runs, "test")
     assert "| random-ids 1024 in / 1 out |" in table
     assert "| random-ids 1024 in / 1 out, --disable-radix-cache |" in table
