@@ -27,6 +27,13 @@ systems the orchestrator's cost model (``/vlora/status``) is read after the scen
 its iteration fits are evaluated at each scenario's batch, next to the profile's time for
 the same batch (``cost_model_check``): the fits are measured while serving, the profile
 by the profiler, and the two should agree within 25%.
+
+The machine's speed drifts: on the benchmark H200 the same server's forward took 10-15 ms
+longer in one minute than in the next (``bench/results/e2e_forward_times_h200.json``), more
+than a LoRA forward costs. ``--interleaved N`` therefore times N rounds in which every
+system, in turn, answers one batch of each scenario (the order rotated each round), so a
+drift hits every system alike, and gives per LoRA system its per-round excess over the
+floor's (``interleaved_latency``). ``--repeats 0`` skips the profiles.
 """
 
 from __future__ import annotations
@@ -167,6 +174,40 @@ def latency_ms(url: str, scenario: str, names: list[str] | None, rng: random.Ran
             "mean": sum(samples) / count}
 
 
+def _quantiles(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"count": len(ordered), "median": at(0.5), "p10": at(0.1), "p25": at(0.25), "p75": at(0.75),
+            "p90": at(0.9), "mean": round(sum(ordered) / len(ordered), 2)}
+
+
+def interleaved_latency(urls: dict[str, str], scenario: str, names: list[str], rounds: int,
+                        floor: str = "nolora", seed: int = 0) -> dict:
+    """Client latency of one batch of ``scenario`` per system and round, the systems taking
+    turns (the order rotated every round; every system gets the same prompt in a round), and
+    per LoRA system its excess over the floor's in the same round."""
+    rng = random.Random(seed)
+    systems = list(urls)
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    n, prompt, output, adapters = SCENARIOS[scenario]
+    for r in range(rounds):
+        plain = batch_payload(n, prompt, output, adapters, None, rng)
+        turn = r % len(systems)
+        for name in systems[turn:] + systems[:turn]:
+            lora = {} if name == floor else {"lora_path": [names[i % adapters] for i in range(n)]}
+            samples[name].append(1000 * run_batch(urls[name], {**plain, **lora}))
+    out = {name: _quantiles(values) for name, values in samples.items()}
+    if floor in samples:
+        for name in systems:
+            if name != floor:
+                out[name]["over_floor"] = _quantiles([a - b for a, b in zip(samples[name], samples[floor],
+                                                                              strict=True)])
+    return out
+
+
 def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
                      rng: random.Random) -> tuple[Path, float]:
     n, prompt, output, adapters = SCENARIOS[scenario]
@@ -304,7 +345,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    ap.add_argument("--repeats", type=int, default=2, help="profiled windows per scenario (the last is kept)")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="profiled windows per scenario (the last is kept); 0: no profile")
+    ap.add_argument("--interleaved", type=_count, default=0,
+                    help="also time this many rounds of one unprofiled batch per system and scenario, "
+                         "the systems taking turns")
     ap.add_argument("--latency", type=_count, default=0,
                     help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
@@ -338,7 +383,7 @@ def main() -> None:
             trace_dir = args.out / "traces" / name
             trace_dir.mkdir(parents=True, exist_ok=True)
             results["systems"][name] = {}
-            for scenario in args.scenarios:
+            for scenario in args.scenarios if args.repeats > 0 else ():
                 latency = latency_ms(url, scenario, lora_names, rng, args.latency) if args.latency else None
                 for _ in range(args.repeats):
                     trace, seconds = profile_scenario(url, scenario, lora_names, trace_dir, rng)
@@ -349,9 +394,13 @@ def main() -> None:
                 summary["trace"] = str(trace.relative_to(args.out))
                 results["systems"][name][scenario] = summary
                 print(name, scenario, json.dumps(summary)[:400], flush=True)
-            if "--plugin" in SYSTEMS[name]:
+            if "--plugin" in SYSTEMS[name] and args.repeats > 0:
                 status = httpx.get(url + "/vlora/status", timeout=30).json()
                 results["cost_model"][name] = cost_model_check(status, results["systems"][name])
+        if args.interleaved:
+            urls = {name: url for name, (url, _) in servers.items()}
+            results["interleaved_latency"] = {
+                scenario: interleaved_latency(urls, scenario, names, args.interleaved) for scenario in args.scenarios}
     finally:
         for _, process in servers.values():
             try:
@@ -383,6 +432,12 @@ def print_table(results: dict) -> None:
                 cost = f" LoRA cost {lat['median'] - base['median']:+.2f}" if base and system != "nolora" else ""
                 print(f"latency {system:8} {scenario:9} median {lat['median']:.2f} ms "
                       f"(p10 {lat['p10']:.2f}, p90 {lat['p90']:.2f}, n={lat['count']}){cost}")
+    for scenario, systems in results.get("interleaved_latency", {}).items():
+        for system, lat in systems.items():
+            over = lat.get("over_floor")
+            cost = f" over the floor median {over['median']:+.2f} (p25 {over['p25']:+.2f}, p75 {over['p75']:+.2f})" \
+                if over else ""
+            print(f"interleaved {system:8} {scenario:9} median {lat['median']:.2f} ms (n={lat['count']}){cost}")
     cats = ("gemm", "lora", "attention", "copy", "other")
     print(f"{'system':8} {'scenario':9} {'steps':>5} " + " ".join(f"{c:>9}" for c in cats)
           + f" {'busy':>9} {'span':>9} {'period':>9} {'syncs':>6}")

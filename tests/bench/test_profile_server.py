@@ -36,3 +36,51 @@ def test_a_negative_latency_count_is_refused() -> None:
     assert _count("0") == 0 and _count("25") == 25
     with pytest.raises(argparse.ArgumentTypeError, match=">= 0"):
         _count("-3")
+
+
+def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
+    """Real HTTP servers (stdlib) stand in for SGLang's ``/generate``: one answers at once, the
+    other 30 ms later. Every round each system gets the same prompt, the order rotates, the
+    LoRA system names its adapter, and its excess over the floor is paired per round."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.profile_server import interleaved_latency
+
+    seen: list[tuple[str, dict]] = []
+
+    def server(name: str, delay_s: float) -> ThreadingHTTPServer:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append((name, body))
+                threading.Event().wait(delay_s)
+                data = b"{}"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd
+
+    floor, lora = server("nolora", 0.0), server("atmm", 0.03)
+    try:
+        urls = {name: f"http://127.0.0.1:{s.server_address[1]}" for name, s in (("nolora", floor), ("atmm", lora))}
+        out = interleaved_latency(urls, "prefill4", ["a0", "a1", "a2", "a3"], rounds=4)
+    finally:
+        floor.shutdown()
+        lora.shutdown()
+    assert [name for name, _ in seen] == ["nolora", "atmm", "atmm", "nolora"] * 2  # turns rotate
+    for first, second in zip(seen[::2], seen[1::2], strict=True):
+        assert first[1]["input_ids"] == second[1]["input_ids"]  # one prompt per round
+        assert len(first[1]["input_ids"]) == 4 and len(first[1]["input_ids"][0]) == 256
+    assert all("lora_path" not in body for name, body in seen if name == "nolora")
+    assert all(body["lora_path"] == ["a0", "a1", "a2", "a3"] for name, body in seen if name == "atmm")
+    assert out["nolora"]["count"] == out["atmm"]["count"] == 4 and "over_floor" not in out["nolora"]
+    assert 20 < out["atmm"]["over_floor"]["median"] < 1000
