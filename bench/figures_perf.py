@@ -66,6 +66,52 @@ def perf_latency(profile: dict[str, Any]) -> str:
     return "\n".join(lines) + f"\n\n{count} requests (batches) per system and scenario, sent one after another."
 
 
+def _interleaved_rows(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for scenario, systems in result["interleaved_latency"].items():
+        for key, label in SYSTEMS:
+            lat = systems.get(key)
+            if lat is None:
+                continue
+            over = lat.get("over_floor")
+            cost = "-" if over is None else f"{over['median']:+.1f} ({over['p25']:+.1f} to {over['p75']:+.1f})"
+            rows.append(f"| {scenario} | {label} | {lat['count']} | {lat['median']:.1f} ({lat['p25']:.1f}-"
+                        f"{lat['p75']:.1f}) | {cost} |")
+    return rows
+
+
+@block("perf-interleaved", "latency_interleaved_h200.json", "latency_interleaved_prefill_h200.json")
+def perf_interleaved(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """Unqueued client latency with the systems taking turns (``--interleaved N``): median
+    (p25-p75) and the per-round excess over the floor's, two calls."""
+    lines = ["| scenario | system | rounds | median ms (p25-p75) | over the floor, per round: median (p25 to p75) |",
+             "|---|---|---|---|---|"]
+    for result in (first, second):
+        lines += _interleaved_rows(result)
+    return "\n".join(lines) + ("\n\nFirst call: four systems, 60 rounds; second call (the last rows): three systems, "
+                               "100 rounds of prefill1, every server logging its request time stats.")
+
+
+@block("perf-forward-times", "e2e_forward_times_h200.json")
+def perf_forward_times(doc: dict[str, Any]) -> str:
+    """Forwards under the e2e prefill load (``bench/forward_times.py``): per repeat the median
+    forward of a request that ran alone, and its excess over the floor's on the same trace."""
+    lines = ["| call | repeat | no LoRA ms | atmm ms (over the floor) | csgmv ms (over the floor) |",
+             "|---|---|---|---|---|"]
+    for call in doc["calls"]:
+        flags = " ".join(f for f in call["extra_server_args"] if f != "--enable-request-time-stats-logging")
+        servers = call["servers"]
+        for floor in servers["nolora"]:
+            cells = []
+            for key in ("unmerge_only", "csgmv"):
+                own = next(r for r in servers[key] if r["repeat"] == floor["repeat"])["isolated_forward_ms"]
+                cells.append(f"{own['median']:.1f} ({own['median'] - floor['isolated_forward_ms']['median']:+.1f})")
+            lines.append(f"| {call['results']}{' (' + flags + ')' if flags else ''} | {floor['repeat']} | "
+                         f"{floor['isolated_forward_ms']['median']:.1f} | {' | '.join(cells)} |")
+    return "\n".join(lines) + ("\n\nMedian `forward_duration` of the requests that ran alone (their batch held "
+                               "only them, nothing ran before or after within 2 ms), 81-169 per server and repeat.")
+
+
 @block("perf-consistency", "layer_cost_h200.json")
 def perf_consistency(check: dict[str, Any]) -> str:
     lines = ["| scenario | tokens | table prediction us | LoRA kernels us | GPU busy LoRA adds us | adds / prediction |",
