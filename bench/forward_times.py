@@ -26,7 +26,6 @@ the n-th part after the warm-up is the server's n-th measurement of the results 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import provenance  # noqa: E402
-from server_log_counts import FLUSH, server_logs  # noqa: E402
+from server_log_counts import FLUSH, read_calls, server_logs, write_calls  # noqa: E402
 
 TIME_STATS = re.compile(
     r"ReqTimeStats\(rid=(?P<rid>[^,]+), input_len=(?P<input>\d+), cached_input_len=(?P<cached>\d+), "
@@ -140,13 +139,7 @@ def over_floor(runs: dict[str, list[dict]], floor: str = "nolora") -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("pairs", nargs="+", type=Path, help="results JSON and its logs tarball, repeated")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if len(args.pairs) % 2:
-        ap.error("give a results JSON and its logs tarball for every call")
-    calls = [call_forward_times(r, logs) for r, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)]
+    calls, args = read_calls(argv, __doc__, call_forward_times)
     for call in calls:
         for name, measured in call["servers"].items():
             for run in measured:
@@ -157,15 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
         for name, rows in call["over_floor"].items():
             print(f"{'':44} {name:14} over the floor (median, mean):",
                   ", ".join(f"#{r['repeat']} {r['median_ms']:+.1f} / {r['mean_ms']:+.1f}" for r in rows))
-    doc = {"what": "per server and measurement of each call, from SGLang's request time stats: requests, batches, "
-                   "mean queue and forward ms, and the forward of a request that ran alone (isolated_forward_ms); "
-                   "over_floor: each LoRA server's isolated forward minus the no-LoRA floor's on the same trace",
-           "command": " ".join(["python", "bench/forward_times.py", *(p.name for p in args.pairs)]),
-           "calls": calls, "provenance": provenance.combined([c["provenance"] for c in calls])}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    return doc
-
+    return write_calls("per server and measurement of each call, from SGLang's request time stats: requests, "
+                       "batches, mean queue and forward ms, and the forward of a request that ran alone "
+                       "(isolated_forward_ms); over_floor: each LoRA server's isolated forward minus the no-LoRA "
+                       "floor's on the same trace", "bench/forward_times.py", calls, args)
 
 if __name__ == "__main__":
     main()

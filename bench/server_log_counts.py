@@ -71,25 +71,35 @@ def call_counts(results_path: Path, logs_path: Path) -> dict:
             "servers": servers, "provenance": provenance.record(results, results["date"])}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def read_calls(argv: list[str] | None, description: str, per_call) -> tuple[list[dict], argparse.Namespace]:
+    """Parse ``RESULTS.json LOGS.tar.gz [...] --out FILE`` and run ``per_call(results, logs)``
+    on every pair; returns the calls and the parsed arguments."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pairs", nargs="+", type=Path, help="results JSON and its logs tarball, repeated")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(args.pairs) % 2:
         ap.error("give a results JSON and its logs tarball for every call")
-    calls = [call_counts(r, logs) for r, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)]
-    for call in calls:
-        for name, c in call["servers"].items():
-            print(f"{call['results']:48} {name:14} {c}")
-    doc = {"what": "per server of each call, counted from its log: prefill batches, new and cached prompt tokens "
-                   "inside the measurements, adapter loads into the LoRA pool before and during them",
-           "command": " ".join(["python", "bench/server_log_counts.py", *(p.name for p in args.pairs)]),
+    return [per_call(r, logs) for r, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)], args
+
+
+def write_calls(what: str, script: str, calls: list[dict], args: argparse.Namespace) -> dict:
+    """The results file of ``calls`` (with the command and the calls' combined provenance)."""
+    doc = {"what": what, "command": " ".join(["python", script, *(p.name for p in args.pairs)]),
            "calls": calls, "provenance": provenance.combined([c["provenance"] for c in calls])}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
+
+def main(argv: list[str] | None = None) -> dict:
+    calls, args = read_calls(argv, __doc__, call_counts)
+    for call in calls:
+        for name, c in call["servers"].items():
+            print(f"{call['results']:48} {name:14} {c}")
+    return write_calls("per server of each call, counted from its log: prefill batches, new and cached prompt tokens "
+                       "inside the measurements, adapter loads into the LoRA pool before and during them",
+                       "bench/server_log_counts.py", calls, args)
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,12 @@
 """Forward times under load from SGLang's request time stats: batches rebuilt from the requests'
 start times, the forward of a request that ran alone, and its excess over the floor's."""
 
-import io
 import json
-import tarfile
 
 import pytest
 
 from bench import forward_times
+from tests.bench.call_files import write_call
 
 
 def stats_line(rid: str, queue_ms: float, forward_ms: float, entry_s: float, input_len: int = 1024) -> str:
@@ -64,15 +63,9 @@ def test_a_call_gives_each_server_its_measurements_and_the_excess_over_the_floor
                "measurements": measurements, "setup": {"extra_server_args": ["--enable-request-time-stats-logging"]},
                "device": "GPU", "platform": "Linux", "cpu_count": 16, "versions": {"sglang": "0.5.23"},
                "code": {"revision": "b" * 40, "dirty": False}}
-    (tmp_path / "r.json").write_text(json.dumps(results))
-    with tarfile.open(tmp_path / "r_logs.tar.gz", "w:gz") as tar:
-        for name, lines in logs.items():
-            data = "\n".join(lines).encode()
-            info = tarfile.TarInfo(f"./{name}.log")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    doc = forward_times.main([str(tmp_path / "r.json"), str(tmp_path / "r_logs.tar.gz"),
-                              "--out", str(tmp_path / "forward.json")])
+    results_path, logs_path = write_call(tmp_path, results, {f"{name}.log": "\n".join(lines)
+                                                            for name, lines in logs.items()})
+    doc = forward_times.main([str(results_path), str(logs_path), "--out", str(tmp_path / "forward.json")])
     call = doc["calls"][0]
     assert [r["repeat"] for r in call["servers"]["vlora"]] == list(range(6))
     assert [r["isolated_forward_ms"]["n"] for r in call["servers"]["nolora"]] == [2] * 6

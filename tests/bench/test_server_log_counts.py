@@ -1,11 +1,10 @@
 """The server-log counts of an end-to-end call: prefill work and adapter loads, those of the
 measurements (from the server's first cache flush on) apart from start-up and warm-up."""
 
-import io
 import json
-import tarfile
 
 from bench import server_log_counts
+from tests.bench.call_files import write_call
 
 LOG = """\
 [2026-11-24 04:13:34] LoRA adapter 'a1': loaded weights for target modules ['o_proj', 'qkv_proj'].
@@ -27,15 +26,8 @@ def test_a_call_is_counted_per_server_of_its_results(tmp_path):
     results = {"run_id": "r", "date": "2026-11-24T04:12:33+00:00", "systems": {"vlora": {}, "nolora": {}},
                "setup": {"extra_server_args": ["--disable-radix-cache"]}, "device": "GPU", "platform": "Linux",
                "cpu_count": 16, "versions": {"sglang": "0.5.23"}, "code": {"revision": "a" * 40, "dirty": False}}
-    (tmp_path / "r.json").write_text(json.dumps(results))
-    with tarfile.open(tmp_path / "r_logs.tar.gz", "w:gz") as tar:
-        for name, text in (("vlora.log", LOG), ("other.log", LOG), ("client/x.log", LOG)):
-            data = text.encode()
-            info = tarfile.TarInfo(f"./{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    doc = server_log_counts.main([str(tmp_path / "r.json"), str(tmp_path / "r_logs.tar.gz"),
-                                  "--out", str(tmp_path / "counts.json")])
+    results_path, logs_path = write_call(tmp_path, results, {"vlora.log": LOG, "other.log": LOG, "client/x.log": LOG})
+    doc = server_log_counts.main([str(results_path), str(logs_path), "--out", str(tmp_path / "counts.json")])
     call = doc["calls"][0]
     assert list(call["servers"]) == ["vlora"]  # only the call's own systems' logs
     assert call["servers"]["vlora"]["new_tokens"] == 1501 and call["extra_server_args"] == ["--disable-radix-cache"]
