@@ -108,10 +108,9 @@ def lora_apply(
         # eager forward, where the host time is the latency (docs/perf.md).
         key = ("apply", kernels, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
                b_buffer.stride(), output.dtype, output.shape, output.stride(), tuple(slice_offsets))
-        plan = items.plans.get(key)
-        if plan is None:
-            plan = items.plans[key] = _apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, kernels)
-        plan(x, a_buffer, b_buffer, output)
+        offsets = tuple(slice_offsets)
+        _plan(items, key, lambda: _apply_plan(x, a_buffer, b_buffer, items, offsets, output, kernels))(
+            x, a_buffer, b_buffer, output)
         return output
     num_slices = len(slice_offsets) - 1
     intermediate = lora_shrink(x, a_buffer, items, num_slices, impl)
