@@ -75,8 +75,12 @@ def _interleaved_rows(result: dict[str, Any]) -> list[str]:
                 continue
             over = lat.get("over_floor")
             cost = "-" if over is None else f"{over['median']:+.1f} ({over['p25']:+.1f} to {over['p75']:+.1f})"
+            forward = lat.get("server_forward_ms")
+            over_forward = lat.get("server_forward_over_floor_ms")
+            server = "-" if forward is None else f"{forward['median']:.1f}" + (
+                "" if over_forward is None else f" ({over_forward:+.1f})")
             rows.append(f"| {scenario} | {label} | {lat['count']} | {lat['median']:.1f} ({lat['p25']:.1f}-"
-                        f"{lat['p75']:.1f}) | {cost} |")
+                        f"{lat['p75']:.1f}) | {cost} | {server} |")
     return rows
 
 
@@ -84,12 +88,13 @@ def _interleaved_rows(result: dict[str, Any]) -> list[str]:
 def perf_interleaved(first: dict[str, Any], second: dict[str, Any]) -> str:
     """Unqueued client latency with the systems taking turns (``--interleaved N``): median
     (p25-p75) and the per-round excess over the floor's, two calls."""
-    lines = ["| scenario | system | rounds | median ms (p25-p75) | over the floor, per round: median (p25 to p75) |",
-             "|---|---|---|---|---|"]
+    lines = ["| scenario | system | rounds | median ms (p25-p75) | over the floor, per round: median (p25 to p75) "
+             "| server's forward, median ms (over the floor) |", "|---|---|---|---|---|---|"]
     for result in (first, second):
         lines += _interleaved_rows(result)
     return "\n".join(lines) + ("\n\nFirst call: four systems, 60 rounds; second call (the last rows): three systems, "
-                               "100 rounds of prefill1, every server logging its request time stats.")
+                               "100 rounds of prefill1, every server logging its request time stats (the server's forward: SGLang's "
+                               "`forward_duration` of those requests, `profile_server.py --reread`).")
 
 
 @block("perf-forward-times", "e2e_forward_times_h200.json")
@@ -102,12 +107,14 @@ def perf_forward_times(doc: dict[str, Any]) -> str:
         flags = " ".join(f for f in call["extra_server_args"] if f != "--enable-request-time-stats-logging")
         servers = call["servers"]
         for floor in servers["nolora"]:
+            base = floor["isolated_forward_ms"].get("median")
             cells = []
             for key in ("unmerge_only", "csgmv"):
                 own = next(r for r in servers[key] if r["repeat"] == floor["repeat"])["isolated_forward_ms"]
-                cells.append(f"{own['median']:.1f} ({own['median'] - floor['isolated_forward_ms']['median']:+.1f})")
+                median = own.get("median")  # absent with fewer than two lone forwards
+                cells.append("-" if median is None or base is None else f"{median:.1f} ({median - base:+.1f})")
             lines.append(f"| {call['results']}{' (' + flags + ')' if flags else ''} | {floor['repeat']} | "
-                         f"{floor['isolated_forward_ms']['median']:.1f} | {' | '.join(cells)} |")
+                         f"{'-' if base is None else f'{base:.1f}'} | {' | '.join(cells)} |")
     return "\n".join(lines) + ("\n\nMedian `forward_duration` of the requests that ran alone (their batch held "
                                "only them, nothing ran before or after within 2 ms), 81-169 per server and repeat.")
 

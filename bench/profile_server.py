@@ -208,6 +208,41 @@ def interleaved_latency(urls: dict[str, str], scenario: str, names: list[str], r
     return out
 
 
+TIME_STATS_FLAG = "--enable-request-time-stats-logging"
+
+
+def add_server_forward_times(interleaved: dict, logs: dict[str, list[str]]) -> None:
+    """Put each server's own ``forward_duration`` of the interleaved requests (SGLang's request
+    time stats, logged with :data:`TIME_STATS_FLAG`) next to the client's latency, as
+    ``server_forward_ms`` and, for LoRA systems, ``server_forward_over_floor_ms`` (the median's
+    excess). The interleaved requests are the last ones each server logged, scenario after
+    scenario in ``interleaved``'s order."""
+    from bench.forward_times import TIME_STATS
+
+    for name, lines in logs.items():
+        forwards = [float(m["forward"]) for m in map(TIME_STATS.search, lines)
+                    if m and not m["rid"].startswith("HEALTH_CHECK")]
+        sizes = [SCENARIOS[sc][0] * interleaved[sc][name]["count"] for sc in interleaved if name in interleaved[sc]]
+        if len(forwards) < sum(sizes):
+            raise ValueError(f"server {name} logged {len(forwards)} request time stats, the interleaved rounds sent "
+                             f"{sum(sizes)} requests (was it started with {TIME_STATS_FLAG}?)")
+        start = len(forwards) - sum(sizes)
+        for scenario, size in zip((sc for sc in interleaved if name in interleaved[sc]), sizes, strict=True):
+            interleaved[scenario][name]["server_forward_ms"] = _quantiles(forwards[start:start + size])
+            start += size
+    for systems in interleaved.values():
+        floor = systems.get("nolora", {}).get("server_forward_ms")
+        for name, entry in systems.items():
+            if name != "nolora" and floor and "server_forward_ms" in entry:
+                entry["server_forward_over_floor_ms"] = round(entry["server_forward_ms"]["median"] - floor["median"], 2)
+
+
+def _read_log(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", errors="replace") as f:
+        return f.read().splitlines()
+
+
 def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
                      rng: random.Random) -> tuple[Path, float]:
     n, prompt, output, adapters = SCENARIOS[scenario]
@@ -345,7 +380,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    ap.add_argument("--repeats", type=int, default=2,
+    ap.add_argument("--repeats", type=_count, default=2,
                     help="profiled windows per scenario (the last is kept); 0: no profile")
     ap.add_argument("--interleaved", type=_count, default=0,
                     help="also time this many rounds of one unprofiled batch per system and scenario, "
@@ -354,8 +389,16 @@ def main() -> None:
                     help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")
+    ap.add_argument("--reread", type=Path, metavar="PROFILE_JSON",
+                    help="run nothing: add the server logs' forward times (in --out, server_<system>.log[.gz]) "
+                         "to this earlier run's interleaved latency, into --out/profile.json")
     args = ap.parse_args()
+    if args.latency and args.repeats == 0:
+        ap.error("--latency times requests before each profile: it needs --repeats > 0 (or use --interleaved)")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.reread:
+        reread(args.reread, args.out)
+        return
     work = Path(tempfile.mkdtemp(prefix="vlora_profile_"))
     tiny = e2e_assets.tiny_model(work / "tiny")
     model = e2e_assets.qwen2vl_7b_model(work / "qwen2vl7b", tiny)
@@ -401,6 +444,9 @@ def main() -> None:
             urls = {name: url for name, (url, _) in servers.items()}
             results["interleaved_latency"] = {
                 scenario: interleaved_latency(urls, scenario, names, args.interleaved) for scenario in args.scenarios}
+            if TIME_STATS_FLAG in shlex.split(args.extra):
+                add_server_forward_times(results["interleaved_latency"],
+                                         {name: _read_log(args.out / f"server_{name}.log") for name in servers})
     finally:
         for _, process in servers.values():
             try:
@@ -414,6 +460,24 @@ def main() -> None:
     results["command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
     results["provenance"] = provenance.record(results["environment"], results["date"])
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def reread(profile_path: Path, out: Path) -> None:
+    """``--reread``: an earlier run's results with its servers' forward times added."""
+    results = json.loads(profile_path.read_text())
+    if "interleaved_latency" not in results:
+        raise SystemExit(f"{profile_path}: no interleaved latency to add forward times to")
+    names = {name for systems in results["interleaved_latency"].values() for name in systems}
+    logs = {}
+    for name in sorted(names):
+        found = [p for p in (out / f"server_{name}.log", out / f"server_{name}.log.gz") if p.exists()]
+        if not found:
+            raise SystemExit(f"no server_{name}.log[.gz] in {out}")
+        logs[name] = _read_log(found[0])
+    add_server_forward_times(results["interleaved_latency"], logs)
+    results["forward_times_command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
+    (out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
 
 
@@ -437,6 +501,9 @@ def print_table(results: dict) -> None:
             over = lat.get("over_floor")
             cost = f" over the floor median {over['median']:+.2f} (p25 {over['p25']:+.2f}, p75 {over['p75']:+.2f})" \
                 if over else ""
+            forward = lat.get("server_forward_ms")
+            if forward:
+                cost += f"; server forward median {forward['median']:.2f} ms"
             print(f"interleaved {system:8} {scenario:9} median {lat['median']:.2f} ms (n={lat['count']}){cost}")
     cats = ("gemm", "lora", "attention", "copy", "other")
     print(f"{'system':8} {'scenario':9} {'steps':>5} " + " ".join(f"{c:>9}" for c in cats)

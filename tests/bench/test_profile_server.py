@@ -84,3 +84,27 @@ def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -
     assert all(body["lora_path"] == ["a0", "a1", "a2", "a3"] for name, body in seen if name == "atmm")
     assert out["nolora"]["count"] == out["atmm"]["count"] == 4 and "over_floor" not in out["nolora"]
     assert 20 < out["atmm"]["over_floor"]["median"] < 1000
+
+
+def test_server_forward_times_are_the_last_requests_each_server_logged() -> None:
+    """The interleaved rounds are the last requests in each server's log, scenario after
+    scenario; warm-up and health checks before them are not counted."""
+    from bench.profile_server import add_server_forward_times
+
+    def line(rid: str, forward_ms: float) -> str:
+        return (f"[t] ReqTimeStats(rid={rid}, input_len=16, cached_input_len=0, output_len=1, attempts=0, "
+                f"type=unified): queue_duration=0.10ms, forward_duration={forward_ms:.2f}ms, entry_time=1.000")
+
+    def log(warmup: float, prefill: float, decode: float) -> list[str]:
+        return ([line("w", warmup), line("HEALTH_CHECK_1", 1.0)] + [line("p", prefill)] * 2
+                + [line("d", decode)] * 16)  # 2 rounds of prefill1 (1 request), then of decode8 (8 requests)
+
+    interleaved = {"prefill1": {"nolora": {"count": 2}, "atmm": {"count": 2}},
+                   "decode8": {"nolora": {"count": 2}, "atmm": {"count": 2}}}
+    add_server_forward_times(interleaved, {"nolora": log(900.0, 40.0, 500.0), "atmm": log(900.0, 45.0, 530.0)})
+    assert interleaved["prefill1"]["atmm"]["server_forward_ms"]["median"] == 45.0
+    assert interleaved["prefill1"]["atmm"]["server_forward_over_floor_ms"] == 5.0
+    assert interleaved["decode8"]["atmm"]["server_forward_over_floor_ms"] == 30.0
+    assert "server_forward_over_floor_ms" not in interleaved["decode8"]["nolora"]
+    with pytest.raises(ValueError, match="enable-request-time-stats-logging"):
+        add_server_forward_times({"decode8": {"atmm": {"count": 5}}}, {"atmm": log(1.0, 1.0, 1.0)})
