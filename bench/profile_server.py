@@ -11,7 +11,9 @@ batch:
 * ``prefill1``: one request of 1024 prompt tokens, one adapter, one output token;
 * ``prefill4``: four requests of 256 tokens, four adapters, in one prefill forward;
 * ``decode8`` / ``decode32``: 8 / 32 requests of 16 tokens, four adapters round robin,
-  64 output tokens; only the decode steps are analysed (CUDA-graph replays).
+  64 output tokens; only the decode steps are analysed (CUDA-graph replays);
+* ``prefill1_base``: ``prefill1`` without an adapter, on every server: what a LoRA server's
+  forward costs when no request in it uses an adapter.
 
 The trace of each window is summarised (:func:`summarise`): GPU time per kernel category
 (base GEMMs, LoRA kernels, attention, copies, other), the GPU's idle time inside the
@@ -34,6 +36,11 @@ than a LoRA forward costs. ``--interleaved N`` therefore times N rounds in which
 system, in turn, answers one batch of each scenario (the order rotated each round), so a
 drift hits every system alike, and gives per LoRA system its per-round excess over the
 floor's (``interleaved_latency``). ``--repeats 0`` skips the profiles.
+
+``--server-wrapper`` starts every server under a command, ``{name}`` replaced by the
+system's name: with ``py-spy record ... -o DIR/spy_{name}.txt --`` each server's host time
+is sampled without the torch profiler's overhead (``bench/host_samples.py`` reads it). The
+wrapper is stopped with SIGINT, so a sampler writes its output before the server goes.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import os
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +86,7 @@ SCENARIOS = {
     "prefill4": (4, 256, 1, 4),
     "decode8": (8, 16, 64, 4),
     "decode32": (32, 16, 64, 4),
+    "prefill1_base": (1, 1024, 1, 0),  # no adapter, also on the LoRA servers
 }
 CATEGORIES = (
     ("lora", re.compile(r"lora|shrink|expand|sgmv|atmm", re.I)),
@@ -106,7 +115,7 @@ def entry_point_dir(root: Path) -> Path:
 
 
 def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, log: Path,
-                 mem_fraction: float, extra: list[str]) -> subprocess.Popen:
+                 mem_fraction: float, extra: list[str], wrapper: list[str] = ()) -> subprocess.Popen:
     # Servers start at once: each one's free-memory reading may come after another loaded its
     # weights, so the KV pool is sized in tokens and the fraction only has to pass SGLang's check.
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "dummy",
@@ -116,7 +125,7 @@ def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, l
     if name != "nolora":
         cmd += ["--lora-paths", *[f"{n}={p}" for n, p in adapters.items()],
                 "--max-lora-rank", str(RANK), "--max-loras-per-batch", str(N_ADAPTERS)]
-    cmd += SYSTEMS[name] + extra
+    cmd = [part.replace("{name}", name) for part in wrapper] + cmd + SYSTEMS[name] + extra
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(entry_point_dir(log.parent / "ep")),
                                          env.get("PYTHONPATH", "")])
@@ -143,6 +152,25 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
     raise RuntimeError(f"server {url} not healthy after {timeout_s} s")
 
 
+def stop_servers(processes: list[subprocess.Popen], wrapped: bool, grace_s: float = 120.0) -> None:
+    """SIGTERM to each server's process group; a wrapper first gets SIGINT and time to exit
+    (a sampler writes its output then, and stops the server it started)."""
+    if wrapped:
+        for process in processes:
+            process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 # ------------------------------------------------------------------------- requests
 def batch_payload(n: int, prompt: int, output: int, adapters: int, names: list[str] | None,
                   rng: random.Random) -> dict:
@@ -151,7 +179,7 @@ def batch_payload(n: int, prompt: int, output: int, adapters: int, names: list[s
         "input_ids": ids,
         "sampling_params": {"max_new_tokens": output, "min_new_tokens": output, "temperature": 0.0},
     }
-    if names:
+    if names and adapters:
         payload["lora_path"] = [names[i % adapters] for i in range(n)]
     return payload
 
@@ -197,7 +225,7 @@ def interleaved_latency(urls: dict[str, str], scenario: str, names: list[str], r
         plain = batch_payload(n, prompt, output, adapters, None, rng)
         turn = r % len(systems)
         for name in systems[turn:] + systems[:turn]:
-            lora = {} if name == floor else {"lora_path": [names[i % adapters] for i in range(n)]}
+            lora = {} if name == floor or not adapters else {"lora_path": [names[i % adapters] for i in range(n)]}
             samples[name].append(1000 * run_batch(urls[name], {**plain, **lora}))
     out = {name: _quantiles(values) for name, values in samples.items()}
     if floor in samples:
@@ -389,6 +417,8 @@ def main() -> None:
                     help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")
+    ap.add_argument("--server-wrapper", default="",
+                    help="a command every server runs under, {name} replaced by the system (e.g. a sampler)")
     ap.add_argument("--reread", type=Path, metavar="PROFILE_JSON",
                     help="run nothing: add the server logs' forward times (in --out, server_<system>.log[.gz]) "
                          "to this earlier run's interleaved latency, into --out/profile.json")
@@ -411,7 +441,8 @@ def main() -> None:
         port = 31000 + i
         log = args.out / f"server_{name}.log"
         servers[name] = (f"http://127.0.0.1:{port}",
-                         start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra)))
+                         start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra),
+                                      shlex.split(args.server_wrapper)))
     results: dict = {"systems": {}, "cost_model": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
                                                               strict=True)) for k, v in SCENARIOS.items()}}
     try:
@@ -448,11 +479,7 @@ def main() -> None:
                 add_server_forward_times(results["interleaved_latency"],
                                          {name: _read_log(args.out / f"server_{name}.log") for name in servers})
     finally:
-        for _, process in servers.values():
-            try:
-                os.killpg(process.pid, 15)
-            except ProcessLookupError:
-                pass
+        stop_servers([process for _, process in servers.values()], wrapped=bool(args.server_wrapper))
     gpu = provenance.gpu_info()
     results["environment"] = provenance.environment(gpu)
     results["device"] = results["environment"]["device"]

@@ -1,0 +1,127 @@
+"""Where each server's scheduler spends its host time, from py-spy samples, against the floor's.
+
+    python bench/host_samples.py --rate 500 --requests 240 [--out FILE.json] DIR/spy_nolora.txt DIR/spy_atmm.txt ...
+
+Input: py-spy's raw output (``py-spy record --threads --subprocesses -f raw``) of one server per
+system, as ``bench/profile_server.py --server-wrapper`` writes it (``spy_<system>.txt``), every
+server having answered the same requests. Only the scheduler's main thread inside its event
+loop is counted (start-up, CUDA-graph capture and the tokenizer are left out). A sample is
+py-spy's view of that thread while it was on the CPU, so the counts give host time without the
+torch profiler's per-op overhead; time spent waiting for the GPU shows up in the call that
+waits (a synchronising copy), idle time not at all.
+
+Per system and function: inclusive milliseconds per request (samples / rate / requests), and
+for each LoRA system its excess over the floor's. Functions are named as py-spy names them
+(``Class.method (file)``, without the line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+EVENT_LOOP = "Scheduler.run_event_loop"
+MAIN_THREAD = re.compile(r"^thread \(\w+\): MainThread$")
+_LINE = re.compile(r":\d+\)$")
+
+
+def frame_name(frame: str) -> str:
+    """``Class.method (file.py:123)`` -> ``Class.method (file.py)``."""
+    return _LINE.sub(")", frame)
+
+
+def scheduler_stacks(lines: list[str]) -> Counter:
+    """Sample counts per stack (a tuple of frame names, outermost first) of the scheduler's
+    main thread inside its event loop."""
+    stacks: Counter = Counter()
+    for line in lines:
+        head, _, count = line.rstrip("\n").rpartition(" ")
+        if not head or not count.isdigit():
+            continue
+        parts = head.split(";")
+        thread = next((i for i, part in enumerate(parts) if part.startswith("thread (")), None)
+        if thread is None or not MAIN_THREAD.match(parts[thread]):
+            continue
+        frames = tuple(frame_name(f) for f in parts[thread + 1:])
+        loop = next((i for i, f in enumerate(frames) if f.startswith(EVENT_LOOP + " ")), None)
+        if loop is not None:
+            stacks[frames[loop:]] += int(count)
+    return stacks
+
+
+def inclusive_ms(stacks: Counter, rate: float, requests: int) -> dict[str, float]:
+    """Milliseconds per request in which each function was on the stack (once per sample)."""
+    totals: Counter = Counter()
+    for frames, count in stacks.items():
+        for name in set(frames):
+            totals[name] += count
+    return {name: 1e3 * count / rate / requests for name, count in totals.items()}
+
+
+def self_ms(stacks: Counter, rate: float, requests: int) -> dict[str, float]:
+    """Milliseconds per request in which each function was the innermost frame."""
+    totals: Counter = Counter()
+    for frames, count in stacks.items():
+        totals[frames[-1]] += count
+    return {name: 1e3 * count / rate / requests for name, count in totals.items()}
+
+
+def compare(systems: dict[str, Counter], rate: float, requests: int, floor: str, top: int) -> dict:
+    """Per system its event loop's total, its top functions, and against the floor's the
+    functions whose inclusive time differs most."""
+    out: dict = {"rate_hz": rate, "requests": requests, "floor": floor, "systems": {}}
+    inclusive = {name: inclusive_ms(stacks, rate, requests) for name, stacks in systems.items()}
+    for name, stacks in systems.items():
+        incl = inclusive[name]
+        entry = {
+            "samples": sum(stacks.values()),
+            "top_inclusive_ms": {k: round(v, 3) for k, v in sorted(incl.items(), key=lambda kv: -kv[1])[:top]},
+            "top_self_ms": {k: round(v, 3) for k, v in
+                            sorted(self_ms(stacks, rate, requests).items(), key=lambda kv: -kv[1])[:top]},
+        }
+        loop = [k for k in incl if k.startswith(EVENT_LOOP + " ")]
+        entry["event_loop_ms"] = round(incl[loop[0]], 3) if loop else 0.0
+        if floor in inclusive and name != floor:
+            base = inclusive[floor]
+            diffs = {k: incl.get(k, 0.0) - base.get(k, 0.0) for k in set(incl) | set(base)}
+            entry["over_floor_ms"] = {k: round(v, 3) for k, v in
+                                      sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:top]}
+        out["systems"][name] = entry
+    return out
+
+
+def system_name(path: Path) -> str:
+    """``spy_<system>.txt`` -> ``<system>``."""
+    stem = path.name.split(".")[0]
+    return stem[len("spy_"):] if stem.startswith("spy_") else stem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("samples", nargs="+", type=Path, help="py-spy raw files, spy_<system>.txt")
+    ap.add_argument("--rate", type=float, required=True, help="py-spy's sampling rate (-r), per second")
+    ap.add_argument("--requests", type=int, required=True, help="requests each server answered while sampled")
+    ap.add_argument("--floor", default="nolora")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.rate <= 0 or args.requests <= 0:
+        ap.error("--rate and --requests must be positive")
+    systems = {system_name(p): scheduler_stacks(p.read_text(errors="replace").splitlines()) for p in args.samples}
+    empty = [name for name, stacks in systems.items() if not stacks]
+    if empty:
+        raise SystemExit(f"no scheduler event-loop samples for {', '.join(empty)} (py-spy run with --threads?)")
+    result = compare(systems, args.rate, args.requests, args.floor, args.top)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    for name, entry in result["systems"].items():
+        print(f"{name}: event loop {entry['event_loop_ms']:.2f} ms a request ({entry['samples']} samples)")
+        for func, ms in entry.get("over_floor_ms", {}).items():
+            print(f"    {ms:+8.3f}  {func}")
+
+
+if __name__ == "__main__":
+    main()
