@@ -1,10 +1,11 @@
 """Where each server's scheduler spends its host time, from py-spy samples, against the floor's.
 
-    python bench/host_samples.py --rate 500 --requests 240 [--out FILE.json] DIR/spy_nolora.txt DIR/spy_atmm.txt ...
+    python bench/host_samples.py --rate 500 --requests 60 [--out FILE.json] nolora=SPY.txt atmm=SPY.txt ...
 
-Input: py-spy's raw output (``py-spy record --threads --subprocesses -f raw``) of one server per
-system, as ``bench/profile_server.py --server-wrapper`` writes it (``spy_<system>.txt``), every
-server having answered the same requests. Only the scheduler's main thread inside its event
+Input: py-spy's raw output (``py-spy record --threads --format raw``) of one server's scheduler
+per system, every server having answered the same requests (``bench/profile_server.py
+--sample-host`` writes ``spy_<system>_<scenario>.txt`` per interleaved scenario and puts this
+comparison into its results). Only the scheduler's main thread inside its event
 loop is counted (start-up, CUDA-graph capture and the tokenizer are left out). A sample is
 py-spy's view of that thread while it was on the CPU, so the counts give host time without the
 torch profiler's per-op overhead; time spent waiting for the GPU shows up in the call that
@@ -93,15 +94,17 @@ def compare(systems: dict[str, Counter], rate: float, requests: int, floor: str,
     return out
 
 
-def system_name(path: Path) -> str:
-    """``spy_<system>.txt`` -> ``<system>``."""
-    stem = path.name.split(".")[0]
-    return stem[len("spy_"):] if stem.startswith("spy_") else stem
+def named_file(text: str) -> tuple[str, Path]:
+    """``NAME=FILE`` -> ``(NAME, FILE)``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {text!r}")
+    return name, Path(path)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("samples", nargs="+", type=Path, help="py-spy raw files, spy_<system>.txt")
+    ap.add_argument("samples", nargs="+", type=named_file, help="SYSTEM=FILE, py-spy raw samples per system")
     ap.add_argument("--rate", type=float, required=True, help="py-spy's sampling rate (-r), per second")
     ap.add_argument("--requests", type=int, required=True, help="requests each server answered while sampled")
     ap.add_argument("--floor", default="nolora")
@@ -110,7 +113,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rate <= 0 or args.requests <= 0:
         ap.error("--rate and --requests must be positive")
-    systems = {system_name(p): scheduler_stacks(p.read_text(errors="replace").splitlines()) for p in args.samples}
+    systems = {name: scheduler_stacks(path.read_text(errors="replace").splitlines()) for name, path in args.samples}
     empty = [name for name, stacks in systems.items() if not stacks]
     if empty:
         raise SystemExit(f"no scheduler event-loop samples for {', '.join(empty)} (py-spy run with --threads?)")

@@ -37,10 +37,12 @@ system, in turn, answers one batch of each scenario (the order rotated each roun
 drift hits every system alike, and gives per LoRA system its per-round excess over the
 floor's (``interleaved_latency``). ``--repeats 0`` skips the profiles.
 
-``--server-wrapper`` starts every server under a command, ``{name}`` replaced by the
-system's name: with ``py-spy record ... -o DIR/spy_{name}.txt --`` each server's host time
-is sampled without the torch profiler's overhead (``bench/host_samples.py`` reads it). The
-wrapper is stopped with SIGINT, so a sampler writes its output before the server goes.
+``--sample-host RATE`` samples, during each interleaved scenario, every server's scheduler
+with py-spy (on PATH) at RATE per second, without the torch profiler's per-op overhead, and
+adds ``bench/host_samples.py``'s comparison of its host time per function and request to the
+results (``host_samples``; raw samples in ``DIR/spy_<system>_<scenario>.txt``). System
+``nolora2`` is a second server without LoRA, a control: what two identical servers differ
+by on this machine.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ N_ADAPTERS = 4
 KV_TOKENS = 65536
 SYSTEMS = {
     "nolora": [],
+    "nolora2": [],  # a second floor: the control
     "csgmv": ["--lora-backend", "csgmv"],
     "triton": ["--lora-backend", "triton"],
     "atmm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
@@ -114,18 +117,23 @@ def entry_point_dir(root: Path) -> Path:
     return root
 
 
+def is_floor(name: str) -> bool:
+    """A system without LoRA (``nolora`` and its control ``nolora2``)."""
+    return name.startswith("nolora")
+
+
 def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, log: Path,
-                 mem_fraction: float, extra: list[str], wrapper: list[str] = ()) -> subprocess.Popen:
+                 mem_fraction: float, extra: list[str]) -> subprocess.Popen:
     # Servers start at once: each one's free-memory reading may come after another loaded its
     # weights, so the KV pool is sized in tokens and the fraction only has to pass SGLang's check.
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--load-format", "dummy",
            "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", str(mem_fraction),
            "--max-total-tokens", str(KV_TOKENS), "--cuda-graph-max-bs-decode", "32",
            "--max-running-requests", "64", *GPU_FLAGS]
-    if name != "nolora":
+    if not is_floor(name):
         cmd += ["--lora-paths", *[f"{n}={p}" for n, p in adapters.items()],
                 "--max-lora-rank", str(RANK), "--max-loras-per-batch", str(N_ADAPTERS)]
-    cmd = [part.replace("{name}", name) for part in wrapper] + cmd + SYSTEMS[name] + extra
+    cmd += SYSTEMS[name] + extra
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(entry_point_dir(log.parent / "ep")),
                                          env.get("PYTHONPATH", "")])
@@ -152,23 +160,34 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
     raise RuntimeError(f"server {url} not healthy after {timeout_s} s")
 
 
-def stop_servers(processes: list[subprocess.Popen], wrapped: bool, grace_s: float = 120.0) -> None:
-    """SIGTERM to each server's process group; a wrapper first gets SIGINT and time to exit
-    (a sampler writes its output then, and stops the server it started)."""
-    if wrapped:
-        for process in processes:
-            process.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + grace_s
-        for process in processes:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    for process in processes:
+def scheduler_pid(process: subprocess.Popen) -> int:
+    """The pid of a server's scheduler process (SGLang titles it ``sglang::scheduler...``)."""
+    import psutil
+
+    for child in psutil.Process(process.pid).children(recursive=True):
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+            if "sglang::scheduler" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise RuntimeError(f"no scheduler process under server pid {process.pid}")
+
+
+def start_samplers(pids: dict[str, int], rate: int, out: Path, scenario: str) -> dict[str, subprocess.Popen]:
+    """One py-spy per server's scheduler (non-blocking, per-thread raw stacks)."""
+    return {name: subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
+                                    "--threads", "--format", "raw", "--output", str(out / f"spy_{name}_{scenario}.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            for name, pid in pids.items()}
+
+
+def stop_samplers(samplers: dict[str, subprocess.Popen], timeout_s: float = 60.0) -> None:
+    """SIGINT makes py-spy write its samples and exit."""
+    for sampler in samplers.values():
+        sampler.send_signal(signal.SIGINT)
+    for name, sampler in samplers.items():
+        if sampler.wait(timeout=timeout_s) != 0:
+            raise RuntimeError(f"py-spy on {name}'s scheduler exited with {sampler.returncode}")
 
 
 # ------------------------------------------------------------------------- requests
@@ -225,7 +244,7 @@ def interleaved_latency(urls: dict[str, str], scenario: str, names: list[str], r
         plain = batch_payload(n, prompt, output, adapters, None, rng)
         turn = r % len(systems)
         for name in systems[turn:] + systems[:turn]:
-            lora = {} if name == floor or not adapters else {"lora_path": [names[i % adapters] for i in range(n)]}
+            lora = {} if is_floor(name) or not adapters else {"lora_path": [names[i % adapters] for i in range(n)]}
             samples[name].append(1000 * run_batch(urls[name], {**plain, **lora}))
     out = {name: _quantiles(values) for name, values in samples.items()}
     if floor in samples:
@@ -417,8 +436,8 @@ def main() -> None:
                     help="also time this many unprofiled requests of each scenario, one after another")
     ap.add_argument("--mem-fraction", type=float, default=0.7, help="--mem-fraction-static of every server")
     ap.add_argument("--extra", default="", help="extra server flags for every system")
-    ap.add_argument("--server-wrapper", default="",
-                    help="a command every server runs under, {name} replaced by the system (e.g. a sampler)")
+    ap.add_argument("--sample-host", type=_count, default=0, metavar="RATE",
+                    help="during each interleaved scenario, sample every server's scheduler with py-spy at RATE/s")
     ap.add_argument("--reread", type=Path, metavar="PROFILE_JSON",
                     help="run nothing: add the server logs' forward times (in --out, server_<system>.log[.gz]) "
                          "to this earlier run's interleaved latency, into --out/profile.json")
@@ -441,8 +460,7 @@ def main() -> None:
         port = 31000 + i
         log = args.out / f"server_{name}.log"
         servers[name] = (f"http://127.0.0.1:{port}",
-                         start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra),
-                                      shlex.split(args.server_wrapper)))
+                         start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra)))
     results: dict = {"systems": {}, "cost_model": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
                                                               strict=True)) for k, v in SCENARIOS.items()}}
     try:
@@ -450,7 +468,7 @@ def main() -> None:
             wait_healthy(url, process, 900)
         for name, (url, _) in servers.items():
             rng = random.Random(0)
-            lora_names = None if name == "nolora" else names
+            lora_names = None if is_floor(name) else names
             for scenario in args.scenarios:  # warm-up: Triton JIT, graph replays, tile look-ups
                 n, prompt, output, adapters_used = SCENARIOS[scenario]
                 run_batch(url, batch_payload(n, prompt, min(output, 8), adapters_used, lora_names, rng))
@@ -473,13 +491,25 @@ def main() -> None:
                 results["cost_model"][name] = cost_model_check(status, results["systems"][name])
         if args.interleaved:
             urls = {name: url for name, (url, _) in servers.items()}
-            results["interleaved_latency"] = {
-                scenario: interleaved_latency(urls, scenario, names, args.interleaved) for scenario in args.scenarios}
+            pids = {name: scheduler_pid(process) for name, (_, process) in servers.items()} if args.sample_host else {}
+            results["interleaved_latency"], results["host_samples"] = {}, {}
+            for scenario in args.scenarios:
+                samplers = start_samplers(pids, args.sample_host, args.out, scenario) if pids else {}
+                time.sleep(2.0 if samplers else 0.0)  # py-spy attached before the first request
+                results["interleaved_latency"][scenario] = interleaved_latency(urls, scenario, names, args.interleaved)
+                if samplers:
+                    stop_samplers(samplers)
+                    results["host_samples"][scenario] = sampled_host_time(args.out, scenario, list(pids),
+                                                                          args.sample_host, args.interleaved)
             if TIME_STATS_FLAG in shlex.split(args.extra):
                 add_server_forward_times(results["interleaved_latency"],
                                          {name: _read_log(args.out / f"server_{name}.log") for name in servers})
     finally:
-        stop_servers([process for _, process in servers.values()], wrapped=bool(args.server_wrapper))
+        for _, process in servers.values():
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
     gpu = provenance.gpu_info()
     results["environment"] = provenance.environment(gpu)
     results["device"] = results["environment"]["device"]
@@ -488,6 +518,15 @@ def main() -> None:
     results["provenance"] = provenance.record(results["environment"], results["date"])
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
+
+
+def sampled_host_time(out: Path, scenario: str, systems: list[str], rate: int, requests: int) -> dict:
+    """``bench/host_samples.py``'s comparison of one interleaved scenario's samples."""
+    from bench.host_samples import compare, scheduler_stacks
+
+    stacks = {name: scheduler_stacks((out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines())
+              for name in systems}
+    return compare(stacks, float(rate), requests, "nolora", top=40)
 
 
 def reread(profile_path: Path, out: Path) -> None:

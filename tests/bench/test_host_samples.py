@@ -68,7 +68,7 @@ def test_command_line_writes_the_comparison(tmp_path: Path) -> None:
         (tmp_path / f"spy_{name}.txt").write_text("\n".join(samples(forward=100, lora=lora, wait=0)) + "\n")
     out = tmp_path / "host.json"
     subprocess.run([sys.executable, "bench/host_samples.py", "--rate", "100", "--requests", "5", "--out", str(out),
-                    str(tmp_path / "spy_nolora.txt"), str(tmp_path / "spy_csgmv.txt")], cwd=REPO, check=True,
+                    f"nolora={tmp_path / 'spy_nolora.txt'}", f"csgmv={tmp_path / 'spy_csgmv.txt'}"], cwd=REPO, check=True,
                    capture_output=True)
     result = json.loads(out.read_text())
     assert result["systems"]["csgmv"]["over_floor_ms"]["forward_with_base (backend.py)"] == 50.0
@@ -77,6 +77,6 @@ def test_command_line_writes_the_comparison(tmp_path: Path) -> None:
 def test_a_file_without_scheduler_samples_is_refused(tmp_path: Path) -> None:
     spy = tmp_path / "spy_nolora.txt"
     spy.write_text(line("thread (0x1): MainThread", "TokenizerManager.handle_loop (t.py:1)", 5) + "\n")
-    run = subprocess.run([sys.executable, "bench/host_samples.py", "--rate", "100", "--requests", "5", str(spy)],
+    run = subprocess.run([sys.executable, "bench/host_samples.py", "--rate", "100", "--requests", "5", f"nolora={spy}"],
                          cwd=REPO, capture_output=True, text=True)
     assert run.returncode != 0 and "no scheduler event-loop samples for nolora" in run.stderr

@@ -38,44 +38,50 @@ def test_a_negative_latency_count_is_refused() -> None:
         _count("-3")
 
 
-def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
-    """Real HTTP servers (stdlib) stand in for SGLang's ``/generate``: one answers at once, the
-    other 30 ms later. Every round each system gets the same prompt, the order rotates, the
-    LoRA system names its adapter, and its excess over the floor is paired per round."""
+def _fake_generate_server(name: str, delay_s: float, seen: list):
+    """A real HTTP server (stdlib) standing in for SGLang's ``/generate``: records each body
+    under ``name`` and answers after ``delay_s``."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((name, body))
+            threading.Event().wait(delay_s)
+            data = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def _interleave(delays: dict[str, float], scenario: str, rounds: int) -> tuple[dict, list]:
     from bench.profile_server import interleaved_latency
 
-    seen: list[tuple[str, dict]] = []
-
-    def server(name: str, delay_s: float) -> ThreadingHTTPServer:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                seen.append((name, body))
-                threading.Event().wait(delay_s)
-                data = b"{}"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        return httpd
-
-    floor, lora = server("nolora", 0.0), server("atmm", 0.03)
+    seen: list = []
+    servers = {name: _fake_generate_server(name, delay, seen) for name, delay in delays.items()}
     try:
-        urls = {name: f"http://127.0.0.1:{s.server_address[1]}" for name, s in (("nolora", floor), ("atmm", lora))}
-        out = interleaved_latency(urls, "prefill4", ["a0", "a1", "a2", "a3"], rounds=4)
+        urls = {name: f"http://127.0.0.1:{s.server_address[1]}" for name, s in servers.items()}
+        return interleaved_latency(urls, scenario, ["a0", "a1", "a2", "a3"], rounds=rounds), seen
     finally:
-        floor.shutdown()
-        lora.shutdown()
+        for s in servers.values():
+            s.shutdown()
+
+
+def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
+    """One server answers at once, the other 30 ms later. Every round each system gets the
+    same prompt, the order rotates, the LoRA system names its adapter, and its excess over the
+    floor is paired per round."""
+    out, seen = _interleave({"nolora": 0.0, "atmm": 0.03}, "prefill4", rounds=4)
     assert [name for name, _ in seen] == ["nolora", "atmm", "atmm", "nolora"] * 2  # turns rotate
     for first, second in zip(seen[::2], seen[1::2], strict=True):
         assert first[1]["input_ids"] == second[1]["input_ids"]  # one prompt per round
@@ -84,6 +90,17 @@ def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -
     assert all(body["lora_path"] == ["a0", "a1", "a2", "a3"] for name, body in seen if name == "atmm")
     assert out["nolora"]["count"] == out["atmm"]["count"] == 4 and "over_floor" not in out["nolora"]
     assert 20 < out["atmm"]["over_floor"]["median"] < 1000
+
+
+def test_the_control_floor_and_the_base_only_scenario_send_no_adapter() -> None:
+    """``nolora2`` (a second server without LoRA) is paired with the floor like a LoRA system
+    but never names an adapter; ``prefill1_base`` names none on any server."""
+    out, seen = _interleave({"nolora": 0.0, "nolora2": 0.0, "atmm": 0.0}, "prefill1", rounds=3)
+    assert all("lora_path" not in body for name, body in seen if name != "atmm")
+    assert all(body["lora_path"] == ["a0"] for name, body in seen if name == "atmm")
+    assert out["nolora2"]["over_floor"]["count"] == 3
+    _, seen = _interleave({"nolora": 0.0, "atmm": 0.0}, "prefill1_base", rounds=2)
+    assert len(seen) == 4 and all("lora_path" not in body for _, body in seen)
 
 
 def test_server_forward_times_are_the_last_requests_each_server_logged() -> None:
@@ -108,3 +125,47 @@ def test_server_forward_times_are_the_last_requests_each_server_logged() -> None
     assert "server_forward_over_floor_ms" not in interleaved["decode8"]["nolora"]
     with pytest.raises(ValueError, match="enable-request-time-stats-logging"):
         add_server_forward_times({"decode8": {"atmm": {"count": 5}}}, {"atmm": log(1.0, 1.0, 1.0)})
+
+
+def test_host_samplers_attach_to_the_scheduler_and_write_on_sigint(tmp_path) -> None:
+    """A stand-in server whose child is titled like SGLang's scheduler: ``scheduler_pid`` finds
+    the child, and py-spy (where installed) samples it until SIGINT and writes raw stacks that
+    ``bench/host_samples.py`` reads."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from bench.host_samples import scheduler_stacks
+    from bench.profile_server import scheduler_pid, start_samplers, stop_samplers
+
+    child = ("import sys, threading, time\n"
+             "def run_event_loop():\n"
+             "    t = time.time()\n"
+             "    while time.time() - t < 20: sum(range(1000))\n"
+             "run_event_loop()\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}, "
+                               "'sglang::scheduler_TP0'])"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                pid = scheduler_pid(parent)
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert pid != parent.pid
+        if shutil.which("py-spy") is None:
+            pytest.skip("py-spy is not installed here (the GPU benchmark carries it)")
+        samplers = start_samplers({"nolora": pid}, 200, tmp_path, "prefill1")
+        time.sleep(1.5)
+        stop_samplers(samplers)
+        lines = (tmp_path / "spy_nolora_prefill1.txt").read_text().splitlines()
+        assert any("run_event_loop" in line and "MainThread" in line for line in lines)
+        assert not scheduler_stacks(lines)  # no SGLang event loop in the stand-in: nothing counted
+    finally:
+        parent.kill()
+        subprocess.run(["pkill", "-f", "sglang::scheduler_TP0"], check=False)
