@@ -97,6 +97,71 @@ def perf_interleaved(first: dict[str, Any], second: dict[str, Any]) -> str:
                                "`forward_duration` of those requests, `profile_server.py --reread`).")
 
 
+_HOST_PARTS = (
+    # (label, [(function as py-spy names it, inclusive or self)], systems it applies to)
+    ("ATMM's LoRA calls (`ops.lora_apply`: plans, shrink and expand launches)",
+     [("lora_apply (atmm/ops.py)", "inclusive")], ("atmm",)),
+    ("csgmv's LoRA calls (`apply_lora`: shrink and expand through Triton's launcher)",
+     [("QKVParallelLinearWithLoRA.apply_lora (layers.py)", "inclusive"),
+      ("RowParallelLinearWithLoRA.apply_lora (layers.py)", "inclusive")], ("csgmv",)),
+    ("batch preparation (SGLang's `prepare_lora_batch` and the backend's)",
+     [("LoRAManager.prepare_lora_batch (lora_manager.py)", "inclusive")], ("atmm", "csgmv")),
+    ("the orchestrator's scheduling hook", [("Orchestrator.before_schedule (orchestrator/runtime.py)", "inclusive")],
+     ("atmm",)),
+    ("base GEMM calls (`UnquantizedLinearMethod.apply`, own time, over the floor's)",
+     [("UnquantizedLinearMethod.apply (quantization/unquant.py)", "self-over")], ("atmm", "csgmv")),
+)
+
+
+def _host_part(entry: dict[str, Any], floor: dict[str, Any], functions: list[tuple[str, str]]) -> str:
+    """The functions' summed time (``inclusive``: found only in the LoRA server, so its excess
+    over the floor is all of it), or "-" where one is not among the recorded functions."""
+    total = 0.0
+    for name, kind in functions:
+        if kind == "inclusive":
+            value = entry["over_floor_ms"].get(name)
+        else:
+            own, base = entry["top_self_ms"].get(name), floor["top_self_ms"].get(name)
+            value = None if own is None or base is None else own - base
+        if value is None:
+            return "-"
+        total += value
+    return f"{total:.2f}"
+
+
+@block("perf-host-samples", "latency_host_samples_h200.json")
+def perf_host_samples(result: dict[str, Any]) -> str:
+    """Lone 1024-token prefills with and without an adapter, the systems taking turns, each
+    server's scheduler sampled by py-spy (``profile_server.py --sample-host``): client latency
+    and server forward over the floor's, the scheduler's host time per request, and for the
+    forwards with an adapter the parts of it that the LoRA backends add."""
+    labels = dict(SYSTEMS) | {"nolora2": "no LoRA, second server (control)"}
+    lines = ["| scenario | system | over the floor, per round: median (p25 to p75) | server's forward, median ms "
+             "(over the floor) | scheduler host time a request, ms (over the floor) |", "|---|---|---|---|---|"]
+    for scenario, systems in result["interleaved_latency"].items():
+        host = result["host_samples"][scenario]["systems"]
+        for key in ("nolora", "nolora2", "csgmv", "atmm"):
+            lat = systems[key]
+            over = lat.get("over_floor")
+            cost = "-" if over is None else f"{over['median']:+.1f} ({over['p25']:+.1f} to {over['p75']:+.1f})"
+            forward = lat["server_forward_ms"]["median"]
+            over_forward = lat.get("server_forward_over_floor_ms")
+            loop = host[key]["event_loop_ms"]
+            over_loop = "" if key == "nolora" else f" ({loop - host['nolora']['event_loop_ms']:+.1f})"
+            lines.append(f"| {scenario} | {labels[key]} | {cost} | {forward:.1f}"
+                         f"{'' if over_forward is None else f' ({over_forward:+.1f})'} | {loop:.1f}{over_loop} |")
+    host = result["host_samples"]["prefill1"]["systems"]
+    lines += ["", "| prefill1, host time a request, ms | atmm | csgmv |", "|---|---|---|"]
+    for label, functions, applies in _HOST_PARTS:
+        cells = [_host_part(host[key], host["nolora"], functions) if key in applies else "-"
+                 for key in ("atmm", "csgmv")]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    rounds = next(iter(result["interleaved_latency"].values()))["nolora"]["count"]
+    return "\n".join(lines) + (f"\n\n{rounds} rounds per scenario; prefill1_base sends no adapter to any server. Host "
+                               "time: py-spy samples (500 a second) of each scheduler's main thread in its event loop "
+                               "while on the CPU, per request (`bench/host_samples.py`).")
+
+
 @block("perf-forward-times", "e2e_forward_times_h200.json")
 def perf_forward_times(doc: dict[str, Any]) -> str:
     """Forwards under the e2e prefill load (``bench/forward_times.py``): per repeat the median
