@@ -444,6 +444,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.latency and args.repeats == 0:
         ap.error("--latency times requests before each profile: it needs --repeats > 0 (or use --interleaved)")
+    if args.sample_host and not args.interleaved:
+        ap.error("--sample-host samples the interleaved rounds: it needs --interleaved > 0")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.reread:
         reread(args.reread, args.out)
@@ -492,7 +494,9 @@ def main() -> None:
         if args.interleaved:
             urls = {name: url for name, (url, _) in servers.items()}
             pids = {name: scheduler_pid(process) for name, (_, process) in servers.items()} if args.sample_host else {}
-            results["interleaved_latency"], results["host_samples"] = {}, {}
+            results["interleaved_latency"] = {}
+            if pids:
+                results["host_samples"] = {}
             for scenario in args.scenarios:
                 samplers = start_samplers(pids, args.sample_host, args.out, scenario) if pids else {}
                 time.sleep(2.0 if samplers else 0.0)  # py-spy attached before the first request
@@ -526,7 +530,7 @@ def sampled_host_time(out: Path, scenario: str, systems: list[str], rate: int, r
 
     stacks = {name: scheduler_stacks((out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines())
               for name in systems}
-    return compare(stacks, float(rate), requests, "nolora", top=40)
+    return compare(stacks, float(rate), requests, "nolora", top=80)
 
 
 def reread(profile_path: Path, out: Path) -> None:

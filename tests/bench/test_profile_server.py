@@ -1,10 +1,14 @@
-"""The profile's cost-model check evaluates the orchestrator's fits at the profiled batches."""
+"""bench/profile_server.py: the cost-model check, interleaved rounds, forward times and host sampling."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from bench.profile_server import cost_model_check
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cost_model_check_evaluates_each_fit_at_the_profiled_batch() -> None:
@@ -75,6 +79,15 @@ def _interleave(delays: dict[str, float], scenario: str, rounds: int) -> tuple[d
     finally:
         for s in servers.values():
             s.shutdown()
+
+
+def test_host_sampling_without_interleaved_rounds_is_refused() -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "bench/profile_server.py", "--out", "/nonexistent", "--repeats", "1",
+                          "--sample-host", "500"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 2 and "--sample-host samples the interleaved rounds" in run.stderr
 
 
 def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
