@@ -111,8 +111,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if args.rate <= 0 or args.requests <= 0:
-        ap.error("--rate and --requests must be positive")
+    if args.rate <= 0 or args.requests <= 0 or args.top <= 0:
+        ap.error("--rate, --requests and --top must be positive")
+    missing = [str(path) for _, path in args.samples if not path.is_file()]
+    if missing:
+        ap.error(f"no such samples file: {', '.join(missing)}")
     systems = {name: scheduler_stacks(path.read_text(errors="replace").splitlines()) for name, path in args.samples}
     empty = [name for name, stacks in systems.items() if not stacks]
     if empty:

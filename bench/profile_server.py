@@ -55,6 +55,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -446,6 +447,8 @@ def main() -> None:
         ap.error("--latency times requests before each profile: it needs --repeats > 0 (or use --interleaved)")
     if args.sample_host and not args.interleaved:
         ap.error("--sample-host samples the interleaved rounds: it needs --interleaved > 0")
+    if args.sample_host and shutil.which("py-spy") is None:
+        ap.error("--sample-host needs py-spy on PATH (pip install py-spy)")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.reread:
         reread(args.reread, args.out)

@@ -106,9 +106,9 @@ def lora_apply(
     if kernels is not None:
         # One plan key per module call: this runs for every LoRA module of every layer of an
         # eager forward, where the host time is the latency (docs/perf.md).
-        key = ("apply", kernels, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
-               b_buffer.stride(), output.dtype, output.shape, output.stride(), tuple(slice_offsets))
         offsets = tuple(slice_offsets)
+        key = ("apply", kernels, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
+               b_buffer.stride(), output.dtype, output.shape, output.stride(), offsets)
         _plan(items, key, lambda: _apply_plan(x, a_buffer, b_buffer, items, offsets, output, kernels))(
             x, a_buffer, b_buffer, output)
         return output

@@ -80,3 +80,12 @@ def test_a_file_without_scheduler_samples_is_refused(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "bench/host_samples.py", "--rate", "100", "--requests", "5", f"nolora={spy}"],
                          cwd=REPO, capture_output=True, text=True)
     assert run.returncode != 0 and "no scheduler event-loop samples for nolora" in run.stderr
+
+
+def test_missing_files_and_bad_counts_are_refused(tmp_path: Path) -> None:
+    for args, message in ((["--rate", "100", "--requests", "5", f"nolora={tmp_path / 'absent.txt'}"], "no such samples file"),
+                          (["--rate", "100", "--requests", "5", "--top", "0", f"nolora={tmp_path / 'a.txt'}"],
+                           "must be positive"),
+                          (["--rate", "100", "--requests", "5", "nolora"], "expected NAME=FILE")):
+        run = subprocess.run([sys.executable, "bench/host_samples.py", *args], cwd=REPO, capture_output=True, text=True)
+        assert run.returncode == 2 and message in run.stderr, run.stderr

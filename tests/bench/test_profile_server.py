@@ -81,13 +81,21 @@ def _interleave(delays: dict[str, float], scenario: str, rounds: int) -> tuple[d
             s.shutdown()
 
 
-def test_host_sampling_without_interleaved_rounds_is_refused() -> None:
+def test_host_sampling_without_interleaved_rounds_or_py_spy_is_refused() -> None:
     import subprocess
     import sys
 
     run = subprocess.run([sys.executable, "bench/profile_server.py", "--out", "/nonexistent", "--repeats", "1",
                           "--sample-host", "500"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 2 and "--sample-host samples the interleaved rounds" in run.stderr
+
+    bare = {"PATH": str(Path(sys.executable).parent), "HOME": "/nonexistent"}  # no py-spy on it
+    if (Path(sys.executable).parent / "py-spy").exists():
+        pytest.skip("py-spy sits beside this interpreter")
+    run = subprocess.run([sys.executable, "bench/profile_server.py", "--out", "/nonexistent", "--repeats", "0",
+                          "--interleaved", "5", "--sample-host", "500"], cwd=REPO, capture_output=True, text=True,
+                         env=bare)
+    assert run.returncode == 2 and "--sample-host needs py-spy on PATH" in run.stderr
 
 
 def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
