@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# GPU check: every inference mode with decode CUDA graphs ON, in a real SGLang server.
+# GPU check: every inference mode with decode and prefill CUDA graphs ON, in a real SGLang server.
 #
 # Starts two servers with the plugin on the tiny Qwen2-VL and adapters a8/b16/c32: one with
-# decode CUDA graphs (SGLang's default on a GPU), one with --disable-cuda-graph. On each it
+# decode CUDA graphs (SGLang's default on a GPU) and prefill CUDA graphs (SGLang's breakable
+# capture, PREFILL_GRAPH_FLAGS; SGLang leaves them off for this multimodal architecture unless
+# asked), one with --disable-cuda-graph. On each it
 # runs the phases unmerge -> POST /vlora/mode merge a8 -> mixture b16 -> unmerge; in each
 # phase one /generate call of 8 requests (2 prompts x {base, a8, b16, c32}: one mixed decode
 # batch) and two teacher-forced scorings (prefill, return_logprob over given input_ids).
@@ -15,12 +17,18 @@
 #   merged-alone       with a8 merged, a8's requests alone (batches without LoRA work: the base
 #                      layers only, the base-only decode graph) and base requests alone (only
 #                      -a8 items) decode as unmerged, and as the server without graphs does;
-#   adapters-matter    the adapters change the scores by far more than the tolerance.
+#   adapters-matter    the adapters change the scores by far more than the tolerance;
+#   prefill-graph      the graph server prepared its prefills for the prefill graph (/vlora/status
+#                      lora_batches) and its log shows prefill batches replayed as graphs, so the
+#                      scores above compared prefill-graph replays with eager prefills (skipped
+#                      with PREFILL_GRAPH_FLAGS="").
 # Exit status 1 if any check fails. Results JSON: $OUT/gpu_check_graph_server.json (if $OUT).
 #
 # Usage (repo root, on a GPU machine where SGLang 0.5.23 imports):
 #   bash bench/gpu_check_graph_server.sh [float32|bfloat16]
-# Environment: DTYPE (default float32), TOL (log-prob tolerance; default 1e-2 for float32,
+# Environment: PREFILL_GRAPH_FLAGS (the graph server's prefill-graph flags; default
+# "--cuda-graph-backend-prefill breakable --cuda-graph-max-bs-prefill 512"),
+# DTYPE (default float32), TOL (log-prob tolerance; default 1e-2 for float32,
 # whose Triton dots run in TF32, 0.25 for bfloat16), TINY (tiny model dir, default /tmp/tiny,
 # built with `python -m sglang_vlora.tiny_model` if missing; falls back to .cache/tiny).
 # Dry run on a CPU machine (no graphs there; checks the script): SERVER_FLAGS=""
@@ -53,11 +61,12 @@ echo "model: $TINY/model  dtype: $DTYPE  tolerance: $TOL  logs: $LOGS"
 
 # SERVER_FLAGS replaces the GPU flags (a dry run of this script on a CPU machine: SERVER_FLAGS="").
 FLAGS=${SERVER_FLAGS---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --mem-fraction-static 0.85 --max-total-tokens 16384}
+PREFILL_GRAPH_FLAGS=${PREFILL_GRAPH_FLAGS---cuda-graph-backend-prefill breakable --cuda-graph-max-bs-prefill 512}
 
 # Both servers start at once (the tiny model needs little memory: one start-up time), through the
 # launcher the tests and the end-to-end benchmark use (sglang_vlora/server_process.py); the
 # checks stop them when they end.
-python3 - "$TINY" "$DTYPE" "$TOL" "${OUT:-}" "$LOGS" "$FLAGS" <<'EOF'
+python3 - "$TINY" "$DTYPE" "$TOL" "${OUT:-}" "$LOGS" "$FLAGS" "$PREFILL_GRAPH_FLAGS" <<'EOF'
 import atexit
 import json
 import random
@@ -70,6 +79,7 @@ from pathlib import Path
 from sglang_vlora import server_process
 
 TINY, DTYPE, TOL, OUT, LOGS, FLAGS = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], Path(sys.argv[5]), shlex.split(sys.argv[6])
+PREFILL_GRAPH = shlex.split(sys.argv[7])
 
 
 def start(name, extra):
@@ -80,7 +90,7 @@ def start(name, extra):
     return server_process.start(command, LOGS / f"server_{name}.log", name=name)
 
 
-SERVERS = {"graph": start("graph", ["--cuda-graph-max-bs-decode", "16"]),
+SERVERS = {"graph": start("graph", ["--cuda-graph-max-bs-decode", "16", *PREFILL_GRAPH]),
            "nograph": start("nograph", ["--disable-cuda-graph"])}
 atexit.register(lambda: [server_process.stop(s) for s in SERVERS.values()])
 for srv in SERVERS.values():
@@ -249,6 +259,16 @@ for k, adapter in enumerate(ADAPTERS[1:], start=1):
     step = len(ADAPTERS)
     diffs = [abs(a - b) for j in range(0, len(PROMPTS), step) for a, b in zip(base_scores[j + k], base_scores[j])]
     check(f"adapters-matter {adapter} vs base", diffs, ok=max(diffs) > 20 * TOL, note=f"(needs > {20 * TOL:.3g})")
+
+if PREFILL_GRAPH:
+    with urllib.request.urlopen(URL["graph"] + "/vlora/status", timeout=60) as r:
+        batches = json.loads(r.read())["lora_batches"]
+    prefills = [line for line in (LOGS / "server_graph.log").read_text(errors="replace").splitlines()
+                if "Prefill batch" in line]
+    replayed = sum("cuda graph: True" in line for line in prefills)
+    check("prefill-graph: the graph server's prefills were prepared for and replayed as prefill graphs", [],
+          ok=batches.get("prefill_graph", 0) > 0 and replayed > 0,
+          note=f"lora_batches {batches}; {replayed} of {len(prefills)} logged prefill batches replayed a graph")
 
 print(f"{len(results) - len(failed)}/{len(results)} checks passed ({DTYPE}, tolerance {TOL})")
 if OUT:

@@ -12,16 +12,18 @@ Two batch layouts, one item builder:
 
 * eager (prefill, decode without graphs): the items as :class:`WorkItems`; the
   kernels' grids come from their host copies.
-* decode CUDA graph: the same items written by
-  :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers allocated
-  once (capacity: the most items any mode gives for the graph's largest batch, two
-  overlap layers of shrink rows for mixture items, whose pairs the expand runs in one
-  launch), run by the graph-safe ``ops.*_static`` calls,
+* CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
+  written by :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers
+  allocated once per graph family (capacity: the most items any mode gives for the
+  family's largest batch, two overlap layers of shrink rows for mixture items, whose
+  pairs the expand runs in one launch), run by the graph-safe ``ops.*_static`` calls,
   whose grids come from those static bounds only. SGLang prepares every batch before
   replaying a graph (and prepares the capture batch, all base-only, before
   capturing), so a graph captured with no items replays right with any adapter mix,
   in any mode. Base + LoRA layers overlap the shrink with the base GEMM on a side
-  stream (``ops.lora_apply_static_with_base``).
+  stream (``ops.lora_apply_static_with_base``). Prefill graphs matter most where the
+  eager forward is bound by the host's launches: a replay launches the whole captured
+  forward, LoRA kernels included, at once (docs/perf.md).
 
 SGLang only calls this module; it imports SGLang because it subclasses
 ``BaseLoRABackend`` (registered by :mod:`sglang_vlora.plugin`, whose factory hands each
@@ -108,6 +110,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     # active LoRA (mode_hooks.no_work_no_lora_after): SGLang's layers then run the base alone,
     # and its decode runner captures a base-only graph beside the LoRA one to replay for it.
     skip_inactive_dense_lora = True
+    # Prefill graphs: the static items of init_prefill_cuda_graph_batch_info, filled per batch.
+    supports_prefill_cuda_graph = True
 
     def __init__(
         self,
@@ -128,13 +132,21 @@ class ATMMLoRABackend(BaseLoRABackend):
         # are pairs (modes/delora.py), so every graph batch runs one expand launch a module.
         self.graph_layers = 1 if cfg is not None and cfg.policy == NEVER_MERGES else MAX_MODE_LAYERS
         self.work_items: WorkItems | None = None
-        self.graph_items: StaticWorkItems | None = None
+        self.graph_items: StaticWorkItems | None = None  # decode graphs
+        self.prefill_graph_items: StaticWorkItems | None = None  # prefill graphs
+        self.cuda_graph_batch_info: LoRABatchInfo | None = None  # SGLang's view of decode graph batches
+        # The static items the prepared batch was written into (one of the two above) when
+        # it runs through the graph-safe ops; None for an eager batch.
+        self.static_items: StaticWorkItems | None = None
         self.side_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
         # Batches prepared without any work item, by layout, since start-up (graph capture's
         # base-only batches included): /vlora/status shows them (ModeController.status).
         self.batches_without_work = {"eager": 0, "graph": 0}
+        # Batches prepared, by the layout they were written for (a graph batch is replayed
+        # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
+        self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0}
 
     # ------------------------------------------------------------------ set-up
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
@@ -147,30 +159,48 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
         """Called once by SGLang's decode graph runner, before any capture."""
-        max_tokens = max_bs_in_cuda_graph * num_tokens_per_req
+        self.graph_items = self._allocate_static(max_bs_in_cuda_graph, max_bs_in_cuda_graph * num_tokens_per_req)
+        self.cuda_graph_batch_info = self._static_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
+
+    def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: int | None = None):
+        """Called once by SGLang's prefill graph runner, before any capture: static items for
+        prefill batches of up to ``max_num_requests`` requests and ``max_num_tokens`` tokens
+        (SGLang serves larger batches eagerly)."""
+        max_requests = max_num_tokens if max_num_requests is None else max_num_requests
+        self.prefill_graph_items = self._allocate_static(max_requests, max_num_tokens)
+        self.prefill_cuda_graph_batch_info = self._static_batch_info(max_requests, max_num_tokens)
+        self.prefill_cuda_graph_max_bs = max_requests
+        self.prefill_cuda_graph_max_tokens = max_num_tokens
+
+    def _allocate_static(self, max_requests: int, max_tokens: int) -> StaticWorkItems:
         # Segments are grouped by slot (group_by_slot): at most one per pool slot, so the
         # items (and the kernels' grids) are bounded by the slots, not the batch size.
-        self.graph_items = StaticWorkItems.allocate(
-            capacity=max_mode_items(min(max_bs_in_cuda_graph, self.max_loras_per_batch)),
+        items = StaticWorkItems.allocate(
+            capacity=max_mode_items(min(max_requests, self.max_loras_per_batch)),
             max_tokens=max_tokens,
             num_slots=self.max_loras_per_batch,
             device=self.device,
             max_layers=self.graph_layers,
             paired=self.graph_layers > 1,
         )
-        if torch.device(self.device).type == "cuda":
+        if self.side_stream is None and torch.device(self.device).type == "cuda":
             self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
+        return items
+
+    def _static_batch_info(self, max_requests: int, tokens_per_request: int) -> LoRABatchInfo:
+        """SGLang's view of a graph family's batches: it reads only the batch size, segment
+        count and ``has_active_lora`` (this backend's kernels read the static items)."""
         with torch.device(self.device):
-            self.cuda_graph_batch_info = LoRABatchInfo(
+            return LoRABatchInfo(
                 use_cuda_graph=True,
-                bs=max_bs_in_cuda_graph,
-                num_segments=max_bs_in_cuda_graph,
-                seg_indptr=torch.zeros(max_bs_in_cuda_graph + 1, dtype=torch.int32),
-                weight_indices=torch.zeros(max_bs_in_cuda_graph, dtype=torch.int32),
+                bs=max_requests,
+                num_segments=max_requests,
+                seg_indptr=torch.zeros(max_requests + 1, dtype=torch.int32),
+                weight_indices=torch.zeros(max_requests, dtype=torch.int32),
                 lora_ranks=torch.zeros(self.max_loras_per_batch, dtype=torch.int32),
                 scalings=torch.zeros(self.max_loras_per_batch, dtype=torch.float),
-                max_len=num_tokens_per_req,
-                seg_lens=torch.full((max_bs_in_cuda_graph,), num_tokens_per_req, dtype=torch.int32),
+                max_len=tokens_per_request,
+                seg_lens=torch.full((max_requests,), tokens_per_request, dtype=torch.int32),
             )
 
     # ---------------------------------------------------------------- per batch
@@ -183,12 +213,13 @@ class ATMMLoRABackend(BaseLoRABackend):
         use_cuda_graph: bool,
         use_prefill_cuda_graph: bool = False,
     ):
-        if use_prefill_cuda_graph:
-            raise RuntimeError("LoRA backend 'atmm' does not support the prefill CUDA graph")
         with _profile_range("vlora.prepare_lora_batch"):
-            self._prepare(forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph)
+            graph = "prefill" if use_prefill_cuda_graph else "decode" if use_cuda_graph else None
+            self._prepare(forward_batch, weight_indices, lora_ranks, scalings, graph)
 
-    def _prepare(self, forward_batch, weight_indices, lora_ranks, scalings, use_cuda_graph: bool) -> None:
+    def _prepare(self, forward_batch, weight_indices, lora_ranks, scalings, graph: str | None) -> None:
+        """``graph``: the graph family whose static items the batch is written into
+        ("decode" or "prefill"), None for an eager batch."""
         seq_lens = generate_sequence_lengths(forward_batch, device="cpu").tolist()
         starts, lengths, slots, permutation = group_by_slot(seq_lens, list(weight_indices))
         merged_slot = None
@@ -198,13 +229,21 @@ class ATMMLoRABackend(BaseLoRABackend):
             merged_slot = controller.merged_slot(lora_ranks, scalings)
         # Unmerged: one (+adapter) item per segment. Merged adapter k: mixture items
         # (k's tokens nothing, others +own -k, base-only -k).
-        if use_cuda_graph:
+        self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
+        if graph is not None:
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
-            self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation)
+            if graph == "prefill":
+                static, batch_info = self.prefill_graph_items, self.prefill_cuda_graph_batch_info
+            else:
+                static, batch_info = self.graph_items, self.cuda_graph_batch_info
+            if static is None:
+                raise RuntimeError(f"a {graph} graph batch before init_{graph}_cuda_graph_batch_info")
+            self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation, static, batch_info)
             return
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
+        self.static_items = None
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
@@ -244,20 +283,19 @@ class ATMMLoRABackend(BaseLoRABackend):
             expected_tokens=indptr[-1],
         )
 
-    def _prepare_graph_batch(self, forward_batch, num_tokens: int, items: WorkItems, permutation) -> None:
-        """Write the batch's items into the captured buffers, in place (SGLang calls
+    def _prepare_graph_batch(
+        self, forward_batch, num_tokens: int, items: WorkItems, permutation, static: StaticWorkItems, batch_info
+    ) -> None:
+        """Write the batch's items into a graph family's buffers, in place (SGLang calls
         this outside capture: before capturing, and before every replay). Only the
         items are written: this backend's graph kernels read nothing else of the batch."""
-        static = self.graph_items
-        if static is None:
-            raise RuntimeError("init_decode_cuda_graph_batch_info must run before a graph batch")
         if num_tokens > static.max_tokens:
             raise RuntimeError(f"graph batch of {num_tokens} tokens exceeds the captured {static.max_tokens}")
         static.fill(items, num_tokens, permutation)
-        batch_info = self.cuda_graph_batch_info
         batch_info.bs = forward_batch.batch_size
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True
+        self.static_items = static
         self.work_items = None
         self.batch_info = batch_info
 
@@ -272,7 +310,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.use_graph_path:
             return ops.lora_apply_static_with_base(
-                x, lora_a, lora_b, self.graph_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
+                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
             )
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
@@ -282,7 +320,7 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:
-            return ops.lora_shrink_static(x, weights, self.graph_items, stack_num, impl=self.impl)
+            return ops.lora_shrink_static(x, weights, self.static_items, stack_num, impl=self.impl)
         with _profile_range("vlora.eager_lora"):
             return ops.lora_shrink(x, weights, self.work_items, stack_num, self.impl)
 
@@ -298,7 +336,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         offsets = _offsets(output_offset_cpu, weights)
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
-            return ops.lora_expand_static(x, weights, self.graph_items, offsets, output, impl=self.impl)
+            return ops.lora_expand_static(x, weights, self.static_items, offsets, output, impl=self.impl)
         with _profile_range("vlora.eager_lora"):
             return ops.lora_expand(x, weights, self.work_items, offsets, output, self.impl)
 
@@ -337,7 +375,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def _apply(self, x, lora_a, lora_b, offsets: list[int], base_output):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
-            return ops.lora_apply_static(x, lora_a, lora_b, self.graph_items, offsets, output, impl=self.impl)
+            return ops.lora_apply_static(x, lora_a, lora_b, self.static_items, offsets, output, impl=self.impl)
         with _profile_range("vlora.eager_lora"):
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
 

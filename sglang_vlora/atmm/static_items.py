@@ -51,6 +51,9 @@ class StaticWorkItems:
     paired: bool = False
     packed: torch.Tensor | None = None  # int32; every field above is a view of it
     _stride: int = 0
+    # Positions [0, _permuted) of ``permutation`` may hold an earlier batch's permutation; every
+    # later position holds the identity (written once, at allocation).
+    _permuted: int = 0
 
     @classmethod
     def allocate(
@@ -111,6 +114,10 @@ class StaticWorkItems:
         a graph captured for at least ``num_tokens`` tokens (the batch's tokens; the
         graph's padded size may be larger). Entries past the batch's item count are
         zeroed, so stale items of an earlier, larger batch do nothing.
+
+        The identity is written only where an earlier batch left a permutation (the
+        buffer holds it from allocation): a prefill graph's buffers cover thousands of
+        tokens, and writing them all would cost more host time than the batch's items.
         """
         n = items.num_items
         if permutation is None and items.permutation is not None:
@@ -134,7 +141,10 @@ class StaticWorkItems:
         pad = [0] * (self._stride - n)
         scale_bits = list(struct.unpack(f"{n}i", struct.pack(f"{n}f", *items.scales_host)))
         slots_pad = [0] * (-len(items.ranks_host) % _ALIGN)
-        perm = permutation if permutation is not None else range(self.max_tokens)
+        if permutation is None:
+            perm, self._permuted = range(self._permuted), 0
+        else:
+            perm, self._permuted = permutation, max(self._permuted, len(permutation))
         values = [
             *items.seg_starts_host, *pad,
             *items.seg_lens_host, *pad,

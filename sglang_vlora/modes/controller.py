@@ -204,6 +204,9 @@ class ModeController:
             # batches that ran the base layers alone (no LoRA work), by layout: "graph" ones
             # replayed the base-only decode graph (modes.mode_hooks.no_work_no_lora_after)
             "batches_without_lora_work": dict(getattr(self.lora_manager.lora_backend, "batches_without_work", {})),
+            # batches prepared per layout: eager, decode graph, prefill graph (SGLang's prefill
+            # graphs are on where it captures them, e.g. --cuda-graph-backend-prefill breakable)
+            "lora_batches": dict(getattr(self.lora_manager.lora_backend, "batches_by_layout", {})),
             # kernel launches that compiled a variant: graph capture's at start, none after warm-up
             "kernel_compiles": LAUNCH_COMPILES.snapshot(),
         }

@@ -73,8 +73,13 @@ def test_merged_adapters_requests_run_without_lora_work(server, reference, unmer
     assert_matches_reference(reference, gen, TEXT, None, "c32")
     assert without_work() - before >= len(gen.tokens)  # the prefill and every decode step
     before = without_work()
-    sglang_generate(server.url, TEXT, "a8")
+    batches = httpx.get(server.url + "/vlora/status", timeout=60).json()["lora_batches"]
+    gen = sglang_generate(server.url, TEXT, "a8")
     assert without_work() == before
+    # on a CPU no graph is captured: every batch is prepared eagerly, and counted
+    after = httpx.get(server.url + "/vlora/status", timeout=60).json()["lora_batches"]
+    assert after["eager"] - batches["eager"] >= len(gen.tokens)
+    assert (after["decode_graph"], after["prefill_graph"]) == (batches["decode_graph"], batches["prefill_graph"])
 
 
 def test_switches_and_unmerge_restore_the_base(server, reference, unmerged_after):

@@ -263,3 +263,79 @@ def test_graph_items_take_one_layer_when_the_policy_never_merges():
         )
         backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
         assert backend.graph_items.max_layers == layers, policy
+
+
+PREFILL_TOKENS = 48  # the prefill graph's largest bucket
+# (label, merged slot, (seq_len, slot) per request, graph bucket) replayed in order after a
+# base-only capture, as SGLang's prefill graph runner drives it: padded to a captured bucket.
+PREFILL_REPLAYS = [
+    ("unmerge: one long request", None, [(30, 1)], 32),
+    ("unmerge: one adapter's requests apart (a permutation)", None, [(5, 1), (9, 3), (4, 1), (6, 2)], 32),
+    # the batch after a permuted one: positions the permutation left must read as the identity
+    ("unmerge: more tokens, no permutation", None, [(20, 3), (17, 2), (8, 0)], PREFILL_TOKENS),
+    ("mixture: k between the others, base-only requests", 2, [(6, 1), (7, 2), (5, 0), (9, 3)], 32),
+    ("merge: only the merged adapter's requests", 2, [(12, 2), (10, 2)], 32),
+    ("unmerge: base only", None, [(16, 0)], 16),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
+def test_prefill_graph_path_replays_any_batch_in_its_buckets(impl):
+    slices = [12, 6, 6]
+    a, b = pools(slices, seed=7)
+    for slot, r in enumerate(SLOTS_RANKS):  # NaN past each rank: never read
+        a[slot, len(slices) * r :] = float("nan")
+        b[slot, :, r:] = float("nan")
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
+    assert backend.supports_prefill_cuda_graph
+    backend.init_prefill_cuda_graph_batch_info(max_num_tokens=PREFILL_TOKENS, max_num_requests=8)
+    assert (backend.prefill_cuda_graph_max_bs, backend.prefill_cuda_graph_max_tokens) == (8, PREFILL_TOKENS)
+    static = backend.prefill_graph_items
+    assert static.max_tokens == PREFILL_TOKENS and static.capacity == max_mode_items(len(SLOTS_RANKS))
+    buffers = static.packed.data_ptr()
+
+    # Capture: a base-only batch of the bucket's size, then the layers run (no items).
+    rt.controller = FakeController(None)
+    backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS]), [0], SLOTS_RANKS, SCALINGS, False, True)
+    assert backend.use_graph_path and backend.static_items is static and not backend.has_lora_work
+    assert backend.batch_info is backend.prefill_cuda_graph_batch_info
+    offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(PREFILL_TOKENS, offsets[-1], generator=g)
+    x = torch.randn(PREFILL_TOKENS, D_IN, generator=g)
+    assert torch.equal(run_layer(backend, "with_base", x, a, b, offsets, base.clone()), base)
+
+    for label, merged, requests, bucket in PREFILL_REPLAYS:
+        rt.controller = FakeController(merged)
+        seq_lens, slots = [n for n, _ in requests], [s for _, s in requests]
+        ranks = [r if s in slots or s == merged else 0 for s, r in enumerate(SLOTS_RANKS)]
+        backend.prepare_lora_batch(extend_batch(seq_lens), slots, ranks, SCALINGS, False, True)
+        n = sum(seq_lens)
+        x = torch.full((bucket, D_IN), float("nan"))  # padding rows of the bucket: never read
+        x[:n] = torch.randn(n, D_IN, generator=g)
+        base = torch.randn(bucket, offsets[-1], generator=g)
+        for kind in ("with_base", "qkv"):
+            got = run_layer(backend, kind, x, a, b, offsets, base.clone())
+            token_slots = [s for ln, s in requests for _ in range(ln)]
+            expected, _ = mode_reference(x[:n], a, b, token_slots, slices, merged)
+            torch.testing.assert_close(got[:n].double() - base[:n].double(), expected, rtol=1e-4, atol=1e-4,
+                                       msg=f"{label} ({kind})")
+            assert torch.equal(got[n:], base[n:]), label
+        assert static.packed.data_ptr() == buffers, "buffers reallocated"
+
+    assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS)}
+    # A batch above the prefill graph's limits never reaches it (SGLang runs it eagerly): refused.
+    with pytest.raises(RuntimeError, match="exceeds"):
+        backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS + 1]), [1], SLOTS_RANKS, SCALINGS, False, True)
+    # An eager batch afterwards runs the eager items, not the graph's.
+    backend.prepare_lora_batch(extend_batch([4]), [1], SLOTS_RANKS, SCALINGS, False, False)
+    assert not backend.use_graph_path and backend.static_items is None and backend.work_items.num_items == 1
+
+
+def test_graph_batch_before_its_buffers_is_refused():
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    with pytest.raises(RuntimeError, match="init_prefill_cuda_graph_batch_info"):
+        backend.prepare_lora_batch(extend_batch([4]), [1], SLOTS_RANKS, SCALINGS, False, True)
+    with pytest.raises(RuntimeError, match="init_decode_cuda_graph_batch_info"):
+        backend.prepare_lora_batch(decode_batch(2), [1, 1], SLOTS_RANKS, SCALINGS, True)
