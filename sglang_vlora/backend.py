@@ -43,7 +43,7 @@ from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.work_items import WorkItems, packed_to_device
+from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -144,6 +144,10 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Batches prepared without any work item, by layout, since start-up (graph capture's
         # base-only batches included): /vlora/status shows them (ModeController.status).
         self.batches_without_work = {"eager": 0, "graph": 0}
+        # Module shapes run inside a graph capture whose eager kernels are not compiled yet:
+        # compiled at the next batch prepared outside a capture (SGLang's warm-up request).
+        self._eager_compiles_due: dict[tuple, tuple] = {}
+        self._eager_compiles_done: set[tuple] = set()
         # Batches prepared, by the layout they were written for (a graph batch is replayed
         # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
         self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0}
@@ -213,6 +217,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         use_cuda_graph: bool,
         use_prefill_cuda_graph: bool = False,
     ):
+        if self._eager_compiles_due and not _capturing(self.device):
+            self._compile_eager_kernels()
         with _profile_range("vlora.prepare_lora_batch"):
             graph = "prefill" if use_prefill_cuda_graph else "decode" if use_cuda_graph else None
             self._prepare(forward_batch, weight_indices, lora_ranks, scalings, graph)
@@ -249,6 +255,30 @@ class ATMMLoRABackend(BaseLoRABackend):
         )
         self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets) -> None:
+        """A module run inside a graph capture: its eager kernels get compiled ahead too. With
+        every forward a graph replay, the first eager batch (one above the prefill graph's
+        largest bucket, or with images) would otherwise compile them while serving, stalling
+        every request in flight for seconds."""
+        if _capturing(x.device):
+            key = (x.dtype, x.shape[1], tuple(lora_a.shape), tuple(lora_b.shape), tuple(int(o) for o in offsets))
+            if key not in self._eager_compiles_done:
+                self._eager_compiles_due[key] = (lora_a, lora_b)
+
+    def _compile_eager_kernels(self) -> None:
+        """Compile the eager kernels of the captured module shapes, for the pool's largest
+        rank (the adapters' ranks are not known at capture), launching nothing."""
+        for key, (lora_a, lora_b) in self._eager_compiles_due.items():
+            dtype, k, _, _, offsets = key
+            num_slices = len(offsets) - 1
+            max_rank = lora_a.shape[1] // num_slices
+            items = build_work_items([0], [16], [0], [1.0], [max_rank] * lora_a.shape[0], device=self.device)
+            x = torch.empty((16, k), dtype=dtype, device=self.device)
+            output = torch.empty((16, offsets[-1]), dtype=dtype, device=self.device)
+            ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
+            self._eager_compiles_done.add(key)
+        self._eager_compiles_due.clear()
 
     def _count_work(self, num_items: int, layout: str) -> None:
         self.has_lora_work = num_items > 0
@@ -309,6 +339,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         if not plain or kwargs.get("pruned_batch_info") is not None:
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.use_graph_path:
+            self._note_captured_shape(x, lora_a, lora_b, offsets)
             return ops.lora_apply_static_with_base(
                 x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
             )
@@ -375,6 +406,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def _apply(self, x, lora_a, lora_b, offsets: list[int], base_output):
         output = self._output(base_output, x, offsets)
         if self.use_graph_path:
+            self._note_captured_shape(x, lora_a, lora_b, offsets)
             return ops.lora_apply_static(x, lora_a, lora_b, self.static_items, offsets, output, impl=self.impl)
         with _profile_range("vlora.eager_lora"):
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
@@ -384,6 +416,11 @@ class ATMMLoRABackend(BaseLoRABackend):
         if base_output is not None:
             return base_output
         return torch.zeros((x.shape[0], offsets[-1]), dtype=x.dtype, device=x.device)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph capture is under way on ``device``'s current stream."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _offsets(output_offset_cpu: torch.Tensor | None, lora_b: torch.Tensor) -> list[int]:

@@ -117,6 +117,23 @@ def lora_apply(
     return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
 
 
+def compile_eager(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+    impl: str = "auto",
+) -> None:
+    """Compile, launching nothing, the kernels ``lora_apply`` may run for this module shape
+    at any token count (what its first call compiles). A server whose forwards replay CUDA
+    graphs would otherwise compile them at its first eager batch, while serving."""
+    kernels = _kernel_impl(x, impl)
+    if kernels is not None and items.num_items > 0:
+        _apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, kernels)
+
+
 # ---- graph-safe entry points ----------------------------------------------------------
 
 

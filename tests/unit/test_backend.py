@@ -339,3 +339,37 @@ def test_graph_batch_before_its_buffers_is_refused():
         backend.prepare_lora_batch(extend_batch([4]), [1], SLOTS_RANKS, SCALINGS, False, True)
     with pytest.raises(RuntimeError, match="init_decode_cuda_graph_batch_info"):
         backend.prepare_lora_batch(decode_batch(2), [1, 1], SLOTS_RANKS, SCALINGS, True)
+
+
+def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(monkeypatch):
+    """A server whose forwards all replay graphs compiles each captured module shape's eager
+    kernels at the first batch prepared outside a capture (SGLang's warm-up), once."""
+    import sglang_vlora.backend as backend_module
+    from sglang_vlora.atmm import ops
+
+    calls = []
+    monkeypatch.setattr(ops, "compile_eager", lambda x, a, b, items, offsets, out, impl: calls.append(
+        (x.dtype, x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.num_items)))
+    capturing = [False]
+    monkeypatch.setattr(backend_module, "_capturing", lambda device: capturing[0])
+    slices = [12, 6, 6]
+    a, b = pools(slices, seed=9)
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    backend.init_prefill_cuda_graph_batch_info(max_num_tokens=16, max_num_requests=2)
+    offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
+    for capture in (False, True):  # a graph batch run outside a capture, then a capture
+        backend.prepare_lora_batch(extend_batch([16]), [0], SLOTS_RANKS, SCALINGS, False, True)
+        capturing[0] = capture
+        run_layer(backend, "with_base", torch.randn(16, D_IN), a, b, offsets, torch.zeros(16, offsets[-1]))
+    assert calls == []  # nothing compiled inside a capture
+    backend.prepare_lora_batch(extend_batch([16]), [0], SLOTS_RANKS, SCALINGS, False, True)  # still capturing
+    assert calls == []
+    capturing[0] = False
+    backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
+    assert calls == [(torch.float32, D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], 1)]
+    capturing[0] = True  # the shape captured again (another bucket): already compiled
+    backend.prepare_lora_batch(extend_batch([16]), [0], SLOTS_RANKS, SCALINGS, False, True)
+    run_layer(backend, "with_base", torch.randn(16, D_IN), a, b, offsets, torch.zeros(16, offsets[-1]))
+    capturing[0] = False
+    backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
+    assert len(calls) == 1
