@@ -46,6 +46,30 @@ def perf_after(profile: dict[str, Any]) -> str:
     return _table(profile)
 
 
+@block("perf-prefill-graphs", "profile_prefill_graphs_h200.json")
+def perf_prefill_graphs(profile: dict[str, Any]) -> str:
+    """Every server with SGLang's breakable prefill CUDA graph: one profiled forward each."""
+    head = ["| scenario | system | forward span ms | over the floor | GPU busy ms | over the floor | "
+            "LoRA kernels ms (launches) |", "|---|---|---|---|---|---|---|"]
+    systems, rows = profile["systems"], []
+    for scenario in ("prefill1_base", "prefill1", "prefill4"):
+        floor = systems["nolora"][scenario]
+        for key, label in SYSTEMS:
+            s = systems.get(key, {}).get(scenario)
+            if s is None:
+                continue
+            span, busy = s["span_us_per_step"] / 1000, s["busy_us_per_step"] / 1000
+            over_span = "-" if key == "nolora" else f"{span - floor['span_us_per_step'] / 1000:+.1f}"
+            over_busy = "-" if key == "nolora" else f"{busy - floor['busy_us_per_step'] / 1000:+.1f}"
+            lora = s["gpu_us_per_step"].get("lora")
+            kernels = "-" if lora is None else f"{lora / 1000:.2f} ({s['kernels_per_step_by_category']['lora']:.0f})"
+            rows.append(f"| {scenario} | {label} | {span:.1f} | {over_span} | {busy:.1f} | {over_busy} | {kernels} |")
+    return "\n".join(head + rows) + (
+        "\n\nOne profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
+        "start to last kernel's end; ATMM's shrink runs beside the base GEMM on a side stream, so its "
+        "kernel time overlaps the base's and the busy time is what it adds.")
+
+
 @block("perf-latency", "profile_h200.json")
 def perf_latency(profile: dict[str, Any]) -> str:
     """Unprofiled client latency of one batch at a time (``--latency N``): median (p10-p90)
