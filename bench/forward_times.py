@@ -155,5 +155,6 @@ def main(argv: list[str] | None = None) -> dict:
                        "(isolated_forward_ms); over_floor: each LoRA server's isolated forward minus the no-LoRA "
                        "floor's on the same trace", "bench/forward_times.py", calls, args)
 
+
 if __name__ == "__main__":
     main()

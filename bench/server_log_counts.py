@@ -101,5 +101,6 @@ def main(argv: list[str] | None = None) -> dict:
                        "inside the measurements, adapter loads into the LoRA pool before and during them",
                        "bench/server_log_counts.py", calls, args)
 
+
 if __name__ == "__main__":
     main()
