@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -448,7 +449,7 @@ def plots(runs: Sequence[dict[str, Any]], prefix: Path) -> list[Path]:
                             color="black", capsize=4)
                 ax.plot([i] * sp["n"], sp["values"], "k.", markersize=5)
             ax.set_xticks(range(len(systems)), systems, rotation=30, ha="right", fontsize=8)
-            ax.set_title(labels.get(point, point), fontsize=9)
+            ax.set_title(textwrap.fill(labels.get(point, point), 44), fontsize=9)
             ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(axis="y", alpha=0.3)
         if not points:
