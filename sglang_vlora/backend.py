@@ -268,7 +268,9 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     def _compile_eager_kernels(self) -> None:
         """Compile the eager kernels of the captured module shapes, for the pool's largest
-        rank (the adapters' ranks are not known at capture), launching nothing."""
+        rank (the adapters' ranks are not known at capture), launching nothing. The kernels'
+        configs are keyed by rank too: an adapter of a smaller rank still compiles its own at
+        its first eager batch, as it does on a server without graphs."""
         for key, (lora_a, lora_b) in self._eager_compiles_due.items():
             dtype, k, _, _, offsets = key
             num_slices = len(offsets) - 1
