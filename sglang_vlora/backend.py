@@ -20,8 +20,11 @@ Two batch layouts, one item builder:
   whose grids come from those static bounds only. SGLang prepares every batch before
   replaying a graph (and prepares the capture batch, all base-only, before
   capturing), so a graph captured with no items replays right with any adapter mix,
-  in any mode. Base + LoRA layers overlap the shrink with the base GEMM on a side
-  stream (``ops.lora_apply_static_with_base``). Prefill graphs matter most where the
+  in any mode. In decode graphs base + LoRA layers overlap the shrink with the base
+  GEMM on a side stream (``ops.lora_apply_static_with_base``); in prefill graphs they
+  run in sequence: a prefill's base GEMM fills every SM, so the side stream's shrink
+  only waited for it and the join added idle time (docs/perf.md, "Prefill CUDA
+  graphs"). Prefill graphs matter most where the
   eager forward is bound by the host's launches: a replay launches the whole captured
   forward, LoRA kernels included, at once (docs/perf.md).
 
@@ -139,6 +142,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         # it runs through the graph-safe ops; None for an eager batch.
         self.static_items: StaticWorkItems | None = None
         self.side_stream: torch.cuda.Stream | None = None
+        # The stream the prepared graph batch overlaps its shrinks on: the side stream for
+        # decode graphs, None (in sequence) for prefill graphs and eager batches.
+        self.overlap_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
         # Batches prepared without any work item, by layout, since start-up (graph capture's
@@ -250,6 +256,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.static_items = None
+        self.overlap_stream = None
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
@@ -328,14 +335,15 @@ class ATMMLoRABackend(BaseLoRABackend):
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True
         self.static_items = static
+        self.overlap_stream = self.side_stream if static is self.graph_items else None
         self.work_items = None
         self.batch_info = batch_info
 
     # ------------------------------------------------------------------ compute
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
-        """Base + LoRA of a plain linear layer in one call: graph batches run the base GEMM
-        and the LoRA shrink side by side (graph-safe), eager batches the base then
-        ``ops.lora_apply``. TP all-reduce and lm_head take SGLang's path, which calls the
+        """Base + LoRA of a plain linear layer in one call: graph batches through the
+        graph-safe ops (decode graphs with the shrink beside the base GEMM, prefill graphs
+        in sequence), eager batches the base then ``ops.lora_apply``. TP all-reduce and lm_head take SGLang's path, which calls the
         ``run_*`` methods below."""
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
         if not plain or kwargs.get("pruned_batch_info") is not None:
@@ -343,7 +351,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
             return ops.lora_apply_static_with_base(
-                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, self.side_stream, self.impl
+                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, self.overlap_stream, self.impl
             )
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
