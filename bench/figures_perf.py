@@ -49,8 +49,24 @@ def perf_after(profile: dict[str, Any]) -> str:
 @block("perf-prefill-graphs", "profile_prefill_graphs_h200.json")
 def perf_prefill_graphs(profile: dict[str, Any]) -> str:
     """Every server with SGLang's breakable prefill CUDA graph: one profiled forward each."""
+    return _prefill_graph_table(profile, (
+        "One profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
+        "start to last kernel's end; ATMM's shrink runs beside the base GEMM on a side stream, so its "
+        "kernel time overlaps the base's and the busy time is what it adds."))
+
+
+@block("perf-prefill-graphs-sequential", "profile_prefill_graphs_sequential_h200.json")
+def perf_prefill_graphs_sequential(profile: dict[str, Any]) -> str:
+    """The same profile after prefill graphs stopped overlapping the shrink on a side stream."""
+    return _prefill_graph_table(profile, (
+        "One profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
+        "start to last kernel's end; ATMM's shrink now runs in sequence with the base GEMM in prefill "
+        "graphs (decode graphs keep the side stream)."))
+
+
+def _prefill_graph_table(profile: dict[str, Any], note: str) -> str:
     head = ["| scenario | system | forward span ms | over the floor | GPU busy ms | over the floor | "
-            "LoRA kernels ms (launches) |", "|---|---|---|---|---|---|---|"]
+            "LoRA kernels ms (launches) | of which shrink / expand ms |", "|---|---|---|---|---|---|---|---|"]
     systems, rows = profile["systems"], []
     for scenario in ("prefill1_base", "prefill1", "prefill4"):
         floor = systems["nolora"][scenario]
@@ -63,11 +79,12 @@ def perf_prefill_graphs(profile: dict[str, Any]) -> str:
             over_busy = "-" if key == "nolora" else f"{busy - floor['busy_us_per_step'] / 1000:+.1f}"
             lora = s["gpu_us_per_step"].get("lora")
             kernels = "-" if lora is None else f"{lora / 1000:.2f} ({s['kernels_per_step_by_category']['lora']:.0f})"
-            rows.append(f"| {scenario} | {label} | {span:.1f} | {over_span} | {busy:.1f} | {over_busy} | {kernels} |")
-    return "\n".join(head + rows) + (
-        "\n\nOne profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
-        "start to last kernel's end; ATMM's shrink runs beside the base GEMM on a side stream, so its "
-        "kernel time overlaps the base's and the busy time is what it adds.")
+            top = s["top_kernels_us_per_step"]
+            split = (f"{top['_shrink_kernel'] / 1000:.2f} / {top['_expand_kernel'] / 1000:.2f}"
+                     if "_shrink_kernel" in top and "_expand_kernel" in top else "-")
+            rows.append(f"| {scenario} | {label} | {span:.1f} | {over_span} | {busy:.1f} | {over_busy} | {kernels} "
+                        f"| {split} |")
+    return "\n".join(head + rows) + "\n\n" + note
 
 
 @block("perf-latency", "profile_h200.json")
