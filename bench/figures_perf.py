@@ -49,19 +49,15 @@ def perf_after(profile: dict[str, Any]) -> str:
 @block("perf-prefill-graphs", "profile_prefill_graphs_h200.json")
 def perf_prefill_graphs(profile: dict[str, Any]) -> str:
     """Every server with SGLang's breakable prefill CUDA graph: one profiled forward each."""
-    return _prefill_graph_table(profile, (
-        "One profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
-        "start to last kernel's end; ATMM's shrink runs beside the base GEMM on a side stream, so its "
-        "kernel time overlaps the base's and the busy time is what it adds."))
+    return _prefill_graph_table(profile, "ATMM's shrink runs beside the base GEMM on a side stream, so its kernel "
+                                         "time overlaps the base's and the busy time is what it adds.")
 
 
 @block("perf-prefill-graphs-sequential", "profile_prefill_graphs_sequential_h200.json")
 def perf_prefill_graphs_sequential(profile: dict[str, Any]) -> str:
     """The same profile after prefill graphs stopped overlapping the shrink on a side stream."""
-    return _prefill_graph_table(profile, (
-        "One profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
-        "start to last kernel's end; ATMM's shrink now runs in sequence with the base GEMM in prefill "
-        "graphs (decode graphs keep the side stream)."))
+    return _prefill_graph_table(profile, "ATMM's shrink now runs in sequence with the base GEMM in prefill graphs "
+                                         "(decode graphs keep the side stream).")
 
 
 def _prefill_graph_table(profile: dict[str, Any], note: str) -> str:
@@ -84,7 +80,9 @@ def _prefill_graph_table(profile: dict[str, Any], note: str) -> str:
                      if "_shrink_kernel" in top and "_expand_kernel" in top else "-")
             rows.append(f"| {scenario} | {label} | {span:.1f} | {over_span} | {busy:.1f} | {over_busy} | {kernels} "
                         f"| {split} |")
-    return "\n".join(head + rows) + "\n\n" + note
+    return "\n".join(head + rows) + (
+        "\n\nOne profiled forward per system and scenario (SGLang's torch profiler); span: first kernel's "
+        "start to last kernel's end; " + note)
 
 
 @block("perf-latency", "profile_h200.json")
