@@ -22,9 +22,9 @@ Two batch layouts, one item builder:
   capturing), so a graph captured with no items replays right with any adapter mix,
   in any mode. In decode graphs base + LoRA layers overlap the shrink with the base
   GEMM on a side stream (``ops.lora_apply_static_with_base``); in prefill graphs they
-  run in sequence: a prefill's base GEMM fills every SM, so the side stream's shrink
-  only waited for it and the join added idle time (docs/perf.md, "Prefill CUDA
-  graphs"). Prefill graphs matter most where the
+  run in sequence: a prefill's base GEMM fills every SM, so a shrink beside it only
+  waited for free SMs (docs/perf.md, "The shrink in sequence in prefill graphs").
+  Prefill graphs matter most where the
   eager forward is bound by the host's launches: a replay launches the whole captured
   forward, LoRA kernels included, at once (docs/perf.md).
 
@@ -343,8 +343,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
         """Base + LoRA of a plain linear layer in one call: graph batches through the
         graph-safe ops (decode graphs with the shrink beside the base GEMM, prefill graphs
-        in sequence), eager batches the base then ``ops.lora_apply``. TP all-reduce and lm_head take SGLang's path, which calls the
-        ``run_*`` methods below."""
+        in sequence), eager batches the base then ``ops.lora_apply``. TP all-reduce and
+        lm_head take SGLang's path, which calls the ``run_*`` methods below."""
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
         if not plain or kwargs.get("pruned_batch_info") is not None:
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
