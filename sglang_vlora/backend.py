@@ -141,7 +141,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # The static items the prepared batch was written into (one of the two above) when
         # it runs through the graph-safe ops; None for an eager batch.
         self.static_items: StaticWorkItems | None = None
-        self.side_stream: torch.cuda.Stream | None = None
+        self.side_stream: torch.cuda.Stream | None = None  # decode graphs' shrinks (CUDA only)
         # The stream the prepared graph batch overlaps its shrinks on: the side stream for
         # decode graphs, None (in sequence) for prefill graphs and eager batches.
         self.overlap_stream: torch.cuda.Stream | None = None
@@ -170,6 +170,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
         """Called once by SGLang's decode graph runner, before any capture."""
         self.graph_items = self._allocate_static(max_bs_in_cuda_graph, max_bs_in_cuda_graph * num_tokens_per_req)
+        if self.side_stream is None and torch.device(self.device).type == "cuda":
+            self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
         self.cuda_graph_batch_info = self._static_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: int | None = None):
@@ -185,7 +187,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def _allocate_static(self, max_requests: int, max_tokens: int) -> StaticWorkItems:
         # Segments are grouped by slot (group_by_slot): at most one per pool slot, so the
         # items (and the kernels' grids) are bounded by the slots, not the batch size.
-        items = StaticWorkItems.allocate(
+        return StaticWorkItems.allocate(
             capacity=max_mode_items(min(max_requests, self.max_loras_per_batch)),
             max_tokens=max_tokens,
             num_slots=self.max_loras_per_batch,
@@ -193,9 +195,6 @@ class ATMMLoRABackend(BaseLoRABackend):
             max_layers=self.graph_layers,
             paired=self.graph_layers > 1,
         )
-        if self.side_stream is None and torch.device(self.device).type == "cuda":
-            self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
-        return items
 
     def _static_batch_info(self, max_requests: int, tokens_per_request: int) -> LoRABatchInfo:
         """SGLang's view of a graph family's batches: it reads only the batch size, segment
