@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
-from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
+from sglang_vlora.atmm.tiling import ExpandConfig, FusedConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import ABSORBED as _ABSORBED
 
 ABSORBED = tl.constexpr(_ABSORBED)
@@ -319,6 +319,151 @@ def _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, MASK_K: tl.constex
     return acc + tl.dot(it.to(bt.dtype), bt)
 
 
+# Arguments of the fused kernel that change with the batch or the layer: never specialised.
+FUSED_UNSPECIALISED = ("layer", "K", "off0", "off1", "off2", "off3", "n_tiles", "n_items")
+
+
+@triton.jit(do_not_specialize=FUSED_UNSPECIALISED)
+def _fused_kernel(
+    x_ptr,
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    seg_starts_ptr,
+    seg_lens_ptr,
+    slots_ptr,
+    scales_ptr,
+    layers_ptr,
+    partners_ptr,
+    ranks_ptr,
+    perm_ptr,
+    layer,
+    K,
+    off0,
+    off1,
+    off2,
+    off3,
+    n_tiles,
+    stride_xm,
+    stride_xk,
+    stride_as,
+    stride_an,
+    stride_ak,
+    stride_bs,
+    stride_bn,
+    stride_bk,
+    stride_om,
+    stride_on,
+    n_items,
+    CAP: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
+    CHECK_LAYER: tl.constexpr,
+    PAIRED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Shrink and expand in one launch: each program computes its row tile's rank-r
+    intermediate of one slice on chip (the whole ``d_in``), then one output tile of that
+    slice. Every output tile of a slice recomputes the intermediate (its A rows come from
+    L2 after the first), which pays where a launch costs more than that: small batches."""
+    pid = tl.program_id(0)
+    tiles_per_m = NUM_SLICES * n_tiles
+    s = (pid % tiles_per_m) // n_tiles
+    pid_n = pid % n_tiles
+    item, pid_m, seg_len = _find_tile(
+        pid // tiles_per_m, seg_lens_ptr, layers_ptr, layer, partners_ptr, n_items, CAP, BLOCK_M, CHECK_LAYER,
+        PAIRED,
+    )
+    if item >= n_items:
+        return
+    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, off2))
+    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, off3))
+    if pid_n * BLOCK_N >= hi - lo:
+        return
+    if ALIGNED:
+        lo = tl.multiple_of(lo, 16)
+        hi = tl.multiple_of(hi, 16)
+    seg_start = tl.load(seg_starts_ptr + item)
+    tokens, _, m_mask = _tile_rows(pid_m, seg_start, 0, seg_len, perm_ptr, True, BLOCK_M)
+    offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    acc = _fused_item(x_ptr, a_ptr, b_ptr, slots_ptr, ranks_ptr, item, tokens, s, offs_n, m_mask, n_mask, K,
+                      stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_bs, stride_bn, stride_bk, EVEN_K,
+                      BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R)
+    acc = acc * tl.load(scales_ptr + item)
+    if PAIRED:
+        # The absorbed item covers these tokens too: its own intermediate, from x.
+        partner = tl.load(partners_ptr + item)
+        if partner >= 0:
+            p_acc = _fused_item(x_ptr, a_ptr, b_ptr, slots_ptr, ranks_ptr, partner, tokens, s, offs_n, m_mask,
+                                n_mask, K, stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_bs,
+                                stride_bn, stride_bk, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R)
+            acc += p_acc * tl.load(scales_ptr + partner)
+    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = m_mask[:, None] & n_mask[None, :]
+    base = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, (base + acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fused_item(
+    x_ptr,
+    a_ptr,
+    b_ptr,
+    slots_ptr,
+    ranks_ptr,
+    item,
+    tokens,
+    s,
+    offs_n,
+    m_mask,
+    n_mask,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_as,
+    stride_an,
+    stride_ak,
+    stride_bs,
+    stride_bn,
+    stride_bk,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Unscaled ``(x[tokens] @ A[slot, s*r:(s+1)*r].T) @ B[slot, offs_n, :r].T`` of one
+    item, fp32; the intermediate is rounded to the activation dtype in between, as the
+    two-launch path stores it."""
+    slot = tl.load(slots_ptr + item).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < rank
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    a_ptrs = a_ptr + slot * stride_as + (s * rank + offs_r)[None, :] * stride_an + offs_k[:, None] * stride_ak
+    inter = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            at = tl.load(a_ptrs, mask=r_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k + k < K
+            xt = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            at = tl.load(a_ptrs, mask=r_mask[None, :] & k_mask[:, None], other=0.0)
+        inter += tl.dot(xt, at)
+        x_ptrs += BLOCK_K * stride_xk
+        a_ptrs += BLOCK_K * stride_ak
+    b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_bk
+    bt = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+    return tl.dot(inter.to(x_ptr.dtype.element_ty).to(bt.dtype), bt)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -562,7 +707,72 @@ def _expand_calls(
     return calls
 
 
+def launch_fused(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    output: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_lens: torch.Tensor,
+    slots: torch.Tensor,
+    scales: torch.Tensor,
+    layers: torch.Tensor | None,
+    num_layers: int,
+    ranks: torch.Tensor,
+    permutation: torch.Tensor,
+    slice_offsets: list[int] | tuple[int, ...],
+    config: FusedConfig,
+    compile_only: bool = False,
+    partners: torch.Tensor | None = None,
+) -> None:
+    """``output[tokens, slice s] += scale * (x[tokens] @ A[slot, s*r:(s+1)*r].T) @ B[slot, slice s, :r].T``
+    for every item and slice, in one launch per overlap layer (``partners``: as in
+    :func:`launch_expand`, one launch). The grid is sized from ``x.shape[0]`` and the item
+    capacity only, so it is graph-safe like the two-launch path."""
+    n_items = seg_lens.numel()
+    num_slices = len(slice_offsets) - 1
+    if not 1 <= num_slices <= 3:
+        raise ValueError(f"1 to 3 slices are supported, got {num_slices}")
+    rows = x.shape[0]
+    if n_items == 0 or rows == 0:
+        return
+    offs = [int(o) for o in slice_offsets] + [int(slice_offsets[-1])] * (4 - len(slice_offsets))
+    max_width = max(offs[i + 1] - offs[i] for i in range(num_slices))
+    n_tiles = _cdiv(max_width, config.block_n)
+    grid = (_row_tiles(rows, config.block_m, n_items) * num_slices * n_tiles,)
+    k_dim = x.shape[1]
+    check_layer = num_layers > 1
+    constexprs = {
+        "CAP": _cap(n_items),
+        "NUM_SLICES": num_slices,
+        "CHECK_LAYER": check_layer,
+        "PAIRED": partners is not None,
+        "ALIGNED": all(o % 16 == 0 for o in offs),
+        "EVEN_K": k_dim % config.block_k == 0,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+        "BLOCK_R": max(16, 1 << (b_buffer.shape[2] - 1).bit_length()),
+    }
+    for layer in range(num_layers):
+        args = (
+            x, a_buffer, b_buffer, output, seg_starts, seg_lens, slots, scales,
+            layers if check_layer else seg_lens,
+            seg_lens if partners is None else partners,
+            ranks, permutation, layer, k_dim, *offs, n_tiles,
+            x.stride(0), x.stride(1),
+            a_buffer.stride(0), a_buffer.stride(1), a_buffer.stride(2),
+            b_buffer.stride(0), b_buffer.stride(1), b_buffer.stride(2),
+            output.stride(0), output.stride(1),
+            n_items,
+        )
+        _launch(_FUSED, grid, args, constexprs, config, compile_only)
+        if compile_only:
+            return
+
+
 _SHRINK = FastLauncher(_shrink_kernel)
+_FUSED = FastLauncher(_fused_kernel)
 _EXPAND = FastLauncher(_expand_kernel)
 
 
