@@ -37,7 +37,6 @@ import torch
 
 from sglang_vlora.atmm import cublas_ops, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.tiling import FusedConfig
 from sglang_vlora.atmm.work_items import WorkItems
 
 IMPLS = ("auto", "torch", "triton", "cuda", "cublas")
@@ -190,33 +189,6 @@ def lora_apply_static_with_base(
     main.wait_stream(side_stream)
     inter.record_stream(main)
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl)
-
-
-def lora_apply_fused_static(
-    x: torch.Tensor,
-    a_buffer: torch.Tensor,
-    b_buffer: torch.Tensor,
-    items: StaticWorkItems,
-    slice_offsets: list[int],
-    output: torch.Tensor,
-    config: FusedConfig,
-    impl: str = "auto",
-) -> torch.Tensor:
-    """``lora_apply_static`` in one launch (``triton_kernels.launch_fused``): no
-    intermediate in memory, one kernel a module instead of two. Graph-safe like it; with
-    the torch path (``impl="torch"``, or CPU without Triton's interpreter) it is
-    ``lora_apply_static``."""
-    from sglang_vlora.atmm import triton_kernels
-
-    _check_shrink_shapes(x, a_buffer)
-    if _static_torch(output, impl):
-        return lora_apply_static(x, a_buffer, b_buffer, items, slice_offsets, output, impl=impl)
-    layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
-    triton_kernels.launch_fused(
-        x, a_buffer, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, layers,
-        num_layers, items.ranks, items.permutation, slice_offsets, config, partners=partners,
-    )
-    return output
 
 
 def lora_shrink_static(

@@ -73,18 +73,6 @@ class ExpandConfig:
     num_stages: int = 2
 
 
-@dataclass(frozen=True)
-class FusedConfig:
-    """Shrink and expand in one launch (``triton_kernels.launch_fused``): ``block_k`` is the
-    shrink's step over ``d_in``; the rank is one tile."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-
 def _pow2_at_least(value: int, floor: int = 16) -> int:
     return max(floor, 1 << max(0, math.ceil(math.log2(max(value, 1)))))
 

@@ -12,7 +12,7 @@ import torch
 
 from sglang_vlora.atmm import ops, split_k, triton_kernels
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.tiling import ExpandConfig, FusedConfig, ShrinkConfig
+from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items
 from tests.kernels.lora_reference import launch_apply, ref_delta, rel_err
 
@@ -251,53 +251,4 @@ def test_static_with_base_matches() -> None:
     base = torch.randn(10, offsets[-1], generator=gen)
     out = ops.lora_apply_static_with_base(x, a, b, static, offsets, base.clone)
     ref = fp64_delta(x, a, b, offsets, [0, 3], [3, 7], [2, 3], [1.0, -1.0])
-    assert rel_err(out.double() - base.double(), ref) < 1e-5
-
-
-FUSED_CFGS = [FusedConfig(16, 16, 16), FusedConfig(16, 32, 32), FusedConfig(32, 64, 16, num_stages=2)]
-
-
-@pytest.mark.parametrize("num_slices", [1, 3])
-def test_fused_static_matches_fp64_in_every_mode(num_slices: int) -> None:
-    """Shrink and expand in one launch, over paired buffers as a merging server's graph
-    holds them: mixture (pairs and base-only ``-k`` items), unmerged and empty batches,
-    permuted tokens, one fixed grid for all."""
-    from sglang_vlora.modes.delora import mode_item_lists
-
-    gen = torch.Generator().manual_seed(31 + num_slices)
-    a, b, offsets = make_pool(num_slices, torch.float32, gen)
-    starts, lens, slots = PAIRED_SEGMENTS
-    n_tokens = starts[-1] + lens[-1]
-    scalings = [0.0, 2.0, 0.5, 1.5]
-    static = StaticWorkItems.allocate(capacity=12, max_tokens=n_tokens, num_slots=len(RANKS), device="cpu",
-                                      max_layers=2, paired=True)  # fmt: skip
-    x = torch.randn(n_tokens, D_IN, generator=gen)
-    for merged in (3, None, 1, 2, None):
-        for cfg in FUSED_CFGS:
-            lists = mode_item_lists(starts, lens, slots, RANKS, scalings, merged)
-            perm = torch.randperm(n_tokens, generator=gen)
-            items = build_work_items(*lists[:4], RANKS, permutation=perm, partners=lists[4])
-            static.fill(items, n_tokens)
-            base = torch.randn(n_tokens, offsets[-1], generator=gen)
-            out = ops.lora_apply_fused_static(x, a, b, static, offsets, base.clone(), cfg)
-            ref = fp64_delta(x, a, b, offsets, *lists[:4], perm)
-            assert rel_err(out.double() - base.double(), ref) < 1e-5, (merged, cfg)
-    static.fill(build_work_items([], [], [], [], RANKS), n_tokens)
-    base = torch.randn(n_tokens, offsets[-1], generator=gen)
-    assert torch.equal(ops.lora_apply_fused_static(x, a, b, static, offsets, base.clone(), FUSED_CFGS[0]), base)
-
-
-def test_fused_static_unpaired_layers_and_ragged_k() -> None:
-    """Buffers without pairs (an ``unmerge-only`` server's graphs: one layer) and a ``d_in``
-    that is no multiple of the K step."""
-    gen = torch.Generator().manual_seed(37)
-    a, b, offsets = make_pool(3, torch.float32, gen)
-    a = a[:, :, :40]
-    static = StaticWorkItems.allocate(capacity=4, max_tokens=20, num_slots=len(RANKS), device="cpu")
-    x = torch.randn(20, 40, generator=gen)
-    items = build_work_items([0, 6, 15], [6, 9, 5], [2, 3, 1], [1.0, -0.5, 2.0], RANKS)
-    static.fill(items, 20)
-    base = torch.randn(20, offsets[-1], generator=gen)
-    out = ops.lora_apply_fused_static(x, a, b, static, offsets, base.clone(), FusedConfig(16, 16, 32))
-    ref = fp64_delta(x, a, b, offsets, [0, 6, 15], [6, 9, 5], [2, 3, 1], [1.0, -0.5, 2.0])
     assert rel_err(out.double() - base.double(), ref) < 1e-5
