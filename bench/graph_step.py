@@ -1,0 +1,283 @@
+"""LoRA cost of one forward's projections inside a CUDA graph, by where the shrink runs.
+
+    python bench/graph_step.py                  # GPU: Qwen2-VL-7B's 28 layers of q/k/v and o
+    python bench/graph_step.py --smoke          # CPU (torch path), tiny shapes: the code path
+
+A LoRA server's graph runs, per layer, the q/k/v projection (base GEMM plus LoRA), then the o
+projection. This benchmark captures exactly that for 28 layers (each with its own weights, as
+in the model, so the caches see what the server's do) and times its replays against the same
+graph without LoRA, for batches of ``TOKENSxREQUESTS`` (decode steps: 1 token a request;
+prefill graphs: more) over 4 rank-64 adapters, a share of the requests on one adapter, grouped
+by adapter as the server groups them, unmerged or in mixture (that adapter merged):
+
+* ``side``: the shrink on a side stream beside the base GEMM, then the expand
+  (``ops.lora_apply_static_with_base`` with a stream: what decode graphs run);
+* ``sequence``: the same two launches in sequence (what large prefill graphs run);
+* ``in_gemm`` (an estimate of a design not built): the adapters' A rows appended to the base
+  weight as extra output columns, so the base GEMM computes every slot's shrink, then the
+  expand. It times one GEMM over ``[W; A]`` and the expand over a stand-in intermediate of the
+  same shape; its outputs are not LoRA outputs and are not checked.
+
+The result per batch: milliseconds the LoRA adds over the no-LoRA graph, one median of
+``--replays`` replays per trial (``--trials`` independent timings: the spread). Writes
+``<out>/<tag>.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import provenance  # noqa: E402
+from bench.mode_cost import segments  # noqa: E402
+from sglang_vlora.atmm import ops  # noqa: E402
+from sglang_vlora.atmm.static_items import StaticWorkItems  # noqa: E402
+from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items  # noqa: E402
+
+ADAPTERS = 4
+MERGED = 0
+SHAPES_7B = {"layers": 28, "hidden": 3584, "qkv": (3584, 512, 512), "o": (3584,)}
+SHAPES_SMOKE = {"layers": 2, "hidden": 64, "qkv": (64, 16, 16), "o": (64,)}
+VARIANTS = ("side", "sequence", "in_gemm")
+
+
+class Layer:
+    """One decoder layer's two projections: base weights, the base weights with every slot's
+    A rows appended (``in_gemm``), and the adapters' pool buffers."""
+
+    def __init__(self, hidden: int, slices: dict[str, tuple[int, ...]], rank: int, dtype, device, gen) -> None:
+        self.proj = {}
+        for name, widths in slices.items():
+            out = sum(widths)
+            offsets = [0, *itertools.accumulate(widths)]
+
+            def rand(*shape: int, s: float) -> torch.Tensor:
+                return (torch.randn(*shape, generator=gen) * s).to(device, dtype)
+
+            w, a = rand(out, hidden, s=hidden**-0.5), rand(ADAPTERS, len(widths) * rank, hidden, s=hidden**-0.5)
+            w_ext = torch.cat([w, a.reshape(-1, hidden)])
+            self.proj[name] = (w, w_ext, a, rand(ADAPTERS, out, rank, s=rank**-0.5), offsets)
+
+
+def forward(layers: list[Layer], x: torch.Tensor, x_o: torch.Tensor, static, variant, side_stream,
+            stand_in: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """One forward's projections; ``variant``: None (no LoRA), one of :data:`VARIANTS`, or
+    "reference" (the torch path, in sequence)."""
+    outs = []
+    for layer in layers:
+        for name, inp in (("qkv", x), ("o", x_o)):
+            w, w_ext, a, b, offsets = layer.proj[name]
+
+            def base(inp=inp, w=w) -> torch.Tensor:
+                return inp @ w.T
+
+            if variant is None:
+                outs.append(base())
+            elif variant == "in_gemm":
+                y = inp @ w_ext.T
+                outs.append(ops.lora_expand_static(stand_in[name], b, static, offsets, y[:, : w.shape[0]]))
+            else:
+                stream = side_stream if variant == "side" else None
+                impl = "torch" if variant == "reference" else "auto"
+                outs.append(ops.lora_apply_static_with_base(inp, a, b, static, offsets, base, stream, impl))
+    return outs
+
+
+def graph_ms(fn, device: torch.device, replays: int, trials: int) -> list[float]:
+    """Per trial the median ms of ``replays`` replays of ``fn`` captured in a CUDA graph (on
+    CPU: ``fn`` runs once, nothing is timed)."""
+    if device.type != "cuda":
+        fn()
+        return [0.0] * trials
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    medians = []
+    for _ in range(trials):
+        samples = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        medians.append(sorted(samples)[len(samples) // 2])
+    return medians
+
+
+def measure(layers, shapes, tokens: int, requests: int, share: float, mode: str, device, dtype, replays: int,
+            trials: int, gen, side_stream) -> dict:
+    rank = layers[0].proj["o"][2].shape[1]
+    starts, lens, slots = segments(tokens, requests, share)
+    merged = MERGED if mode == "mixture" else None
+    items = mode_work_items(starts, lens, slots, [rank] * ADAPTERS, [2.0] * ADAPTERS, merged, device="cpu")
+    m = tokens * requests
+    static = StaticWorkItems.allocate(capacity=max_mode_items(min(requests, ADAPTERS)), max_tokens=m,
+                                      num_slots=ADAPTERS, device=device, max_layers=MAX_MODE_LAYERS, paired=True)
+    static.fill(items, m)
+    x = (torch.randn(m, shapes["hidden"], generator=gen) * 0.5).to(device, dtype)
+    x_o = (torch.randn(m, shapes["hidden"], generator=gen) * 0.5).to(device, dtype)
+    stand_in = {name: torch.zeros(static.max_rows(m), len(shapes[name]) * rank, dtype=dtype, device=device)
+                for name in ("qkv", "o")}
+    row = {"tokens": tokens, "requests": requests, "share": share, "mode": mode, "items": items.num_items}
+
+    def run(variant) -> list[float]:
+        return graph_ms(lambda: forward(layers, x, x_o, static, variant, side_stream, stand_in), device, replays,
+                        trials)
+
+    row["base_ms"] = run(None)
+    for variant in VARIANTS:
+        row[f"{variant}_adds_ms"] = [v - b for v, b in zip(run(variant), row["base_ms"], strict=True)]
+    # What is timed computes the LoRA: the kernels' deltas against the torch path's.
+    base = forward(layers, x, x_o, static, None, side_stream, stand_in)
+    reference = forward(layers, x, x_o, static, "reference", side_stream, stand_in)
+    for variant in ("side", "sequence"):
+        got = forward(layers, x, x_o, static, variant, side_stream, stand_in)
+        row[f"{variant}_rel_err"] = rel_err(got, reference, base)
+    return row
+
+
+def rel_err(got: list[torch.Tensor], ref: list[torch.Tensor], base: list[torch.Tensor]) -> float:
+    """Relative error of the LoRA deltas (outputs minus the no-LoRA outputs)."""
+    num = den = 0.0
+    for g, r, z in zip(got, ref, base, strict=True):
+        num += float((g.float() - r.float()).norm() ** 2)
+        den += float((r.float() - z.float()).norm() ** 2)
+    return (num / max(den, 1e-30)) ** 0.5
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share is between 0 and 1, got {value}")
+    return value
+
+
+def _batch(text: str) -> tuple[int, int]:
+    """``TOKENSxREQUESTS``, both >= 1."""
+    try:
+        tokens, requests = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKENSxREQUESTS such as 1x8, got {text!r}") from None
+    if tokens < 1 or requests < 1:
+        raise argparse.ArgumentTypeError(f"tokens and requests must be >= 1, got {text!r}")
+    return tokens, requests
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: the torch path, nothing timed)")
+    ap.add_argument("--batches", nargs="+", type=_batch,
+                    default=[(1, 1), (1, 8), (1, 32), (1, 64), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)],
+                    help="TOKENSxREQUESTS: decode steps (1 token each) or prefill chunks")
+    ap.add_argument("--share", type=_share, default=0.7, help="share of the requests on the merged adapter")
+    ap.add_argument("--modes", nargs="+", choices=("unmerged", "mixture"), default=["unmerged", "mixture"])
+    ap.add_argument("--replays", type=_positive, default=20)
+    ap.add_argument("--trials", type=_positive, default=3)
+    ap.add_argument("--rank", type=_positive, default=64)
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
+    ap.add_argument("--tag", default=None)
+    args = ap.parse_args()
+    if not (args.smoke or torch.cuda.is_available()):
+        print("bench/graph_step.py: no CUDA device, nothing measured (run it on a GPU; --smoke checks the code)")
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shapes, rank = (SHAPES_SMOKE, 8) if args.smoke else (SHAPES_7B, args.rank)
+    batches = [(min(t, 4), min(r, 4)) for t, r in args.batches[:2]] if args.smoke else args.batches
+    gen = torch.Generator().manual_seed(0)
+    slices = {"qkv": shapes["qkv"], "o": shapes["o"]}
+    layers = [Layer(shapes["hidden"], slices, rank, dtype, device, gen) for _ in range(shapes["layers"])]
+    side_stream = torch.cuda.Stream() if device.type == "cuda" else None
+    rows = []
+    print(f"{'tokens':>6} {'reqs':>4} {'mode':>8} {'base ms':>8} " + " ".join(f"{v + ' +':>10}" for v in VARIANTS))
+    for tokens, requests in batches:
+        for mode in args.modes:
+            row = measure(layers, shapes, tokens, requests, args.share, mode, device, dtype, args.replays,
+                          args.trials, gen, side_stream)
+            rows.append(row)
+            print(f"{tokens:6d} {requests:4d} {mode:>8} {_median(row['base_ms']):8.3f} "
+                  + " ".join(f"{_median(row[v + '_adds_ms']):10.3f}" for v in VARIANTS)
+                  + f"  err {max(row['side_rel_err'], row['sequence_rel_err']):.1e}", flush=True)
+    env = provenance.environment(provenance.gpu_info())
+    doc = {
+        "what": "ms one forward's 28 layers of q/k/v and o projections add over the same CUDA graph without LoRA: "
+                "side (shrink beside the base GEMM on a side stream, then expand), sequence (both in sequence), "
+                "in_gemm (estimate: one GEMM over the base weight with every slot's A rows appended, then the "
+                "expand over a stand-in intermediate); lists hold one median per trial",
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
+        "dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "shapes": shapes,
+        "command": " ".join(["python", "bench/graph_step.py", *sys.argv[1:]]),
+        "provenance": provenance.record(env),
+        "rows": rows,
+    }
+    out = args.out or (Path(tempfile.mkdtemp(prefix="graph-step-")) if args.smoke else REPO / "bench" / "results")
+    tag = args.tag or ("graph_step_smoke" if args.smoke else "graph_step")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(rows, doc["device"], out / f"{tag}.png")
+    print(f"wrote {out / (tag + '.json')}")
+
+
+def plot(rows: list[dict], device: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({r["mode"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.6 * len(modes), 3.6), squeeze=False)
+    labels = {"side": "shrink beside the GEMM (side stream)", "sequence": "shrink in sequence",
+              "in_gemm": "shrink in the GEMM (estimate)"}
+    for ax, mode in zip(axes[0], modes, strict=True):
+        own = [r for r in rows if r["mode"] == mode]
+        ticks = list(range(len(own)))
+        for variant, marker in zip(VARIANTS, "os^", strict=True):
+            values = [r[f"{variant}_adds_ms"] for r in own]
+            meds = [_median(v) for v in values]
+            ax.errorbar(ticks, meds, yerr=[[m - min(v) for m, v in zip(meds, values, strict=True)],
+                                           [max(v) - m for m, v in zip(meds, values, strict=True)]],
+                        marker=marker, label=labels[variant], capsize=2)
+        ax.set_xticks(ticks, [f"{r['tokens']}x{r['requests']}" for r in own], rotation=45, fontsize=7)
+        ax.set_title(f"{mode} batches", fontsize=9)
+        ax.set_xlabel("tokens x requests", fontsize=8)
+        ax.set_ylabel("ms the LoRA adds (28 layers)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"LoRA cost of one forward inside a CUDA graph, {device}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
