@@ -20,9 +20,10 @@ Two batch layouts, one item builder:
   whose grids come from those static bounds only. SGLang prepares every batch before
   replaying a graph (and prepares the capture batch, all base-only, before
   capturing), so a graph captured with no items replays right with any adapter mix,
-  in any mode. In decode graphs base + LoRA layers overlap the shrink with the base
-  GEMM on a side stream (``ops.lora_apply_static_with_base``); in prefill graphs they
-  run in sequence: a prefill's base GEMM fills every SM, so a shrink beside it only
+  in any mode. In decode graphs, and prefill graphs of up to
+  :data:`SIDE_STREAM_MAX_TOKENS` tokens, base + LoRA layers overlap the shrink with the
+  base GEMM on a side stream (``ops.lora_apply_static_with_base``); larger prefill graphs
+  run them in sequence: their base GEMM fills every SM, so a shrink beside it only
   waited for free SMs (docs/perf.md, "The shrink in sequence in prefill graphs").
   Prefill graphs matter most where the
   eager forward is bound by the host's launches: a replay launches the whole captured
@@ -56,6 +57,12 @@ logger = logging.getLogger(__name__)
 # backend does not implement.
 UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
 NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merged
+# Prefill graphs of up to this many tokens overlap the shrink with the base GEMM on the side
+# stream, as decode graphs do; larger ones run it in sequence. On the H200, 28 layers of
+# Qwen2-VL-7B's q/k/v and o in a CUDA graph (bench/results/graph_step_h200.json): beside the
+# GEMM the LoRA added 0.08-0.29 ms less than in sequence at 16-256 tokens, 0.14-0.22 ms more
+# at 512 and 1024. The graph keeps the choice made for its captured size.
+SIDE_STREAM_MAX_TOKENS = 256
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
 _profile_range = (
@@ -141,9 +148,10 @@ class ATMMLoRABackend(BaseLoRABackend):
         # The static items the prepared batch was written into (one of the two above) when
         # it runs through the graph-safe ops; None for an eager batch.
         self.static_items: StaticWorkItems | None = None
-        self.side_stream: torch.cuda.Stream | None = None  # decode graphs' shrinks (CUDA only)
+        self.side_stream: torch.cuda.Stream | None = None  # graph batches' shrinks (CUDA only)
         # The stream the prepared graph batch overlaps its shrinks on: the side stream for
-        # decode graphs, None (in sequence) for prefill graphs and eager batches.
+        # decode graphs and small prefill graphs (SIDE_STREAM_MAX_TOKENS), None (in
+        # sequence) for larger prefill graphs and eager batches.
         self.overlap_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
@@ -170,8 +178,7 @@ class ATMMLoRABackend(BaseLoRABackend):
     def init_decode_cuda_graph_batch_info(self, max_bs_in_cuda_graph: int, num_tokens_per_req: int):
         """Called once by SGLang's decode graph runner, before any capture."""
         self.graph_items = self._allocate_static(max_bs_in_cuda_graph, max_bs_in_cuda_graph * num_tokens_per_req)
-        if self.side_stream is None and torch.device(self.device).type == "cuda":
-            self.side_stream = torch.cuda.Stream(device=self.device)  # never created inside a capture
+        self._create_side_stream()
         self.cuda_graph_batch_info = self._static_batch_info(max_bs_in_cuda_graph, num_tokens_per_req)
 
     def init_prefill_cuda_graph_batch_info(self, max_num_tokens: int, max_num_requests: int | None = None):
@@ -183,6 +190,12 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.prefill_cuda_graph_batch_info = self._static_batch_info(max_requests, max_num_tokens)
         self.prefill_cuda_graph_max_bs = max_requests
         self.prefill_cuda_graph_max_tokens = max_num_tokens
+        self._create_side_stream()
+
+    def _create_side_stream(self) -> None:
+        """The graph batches' side stream, made before any capture (never inside one)."""
+        if self.side_stream is None and torch.device(self.device).type == "cuda":
+            self.side_stream = torch.cuda.Stream(device=self.device)
 
     def _allocate_static(self, max_requests: int, max_tokens: int) -> StaticWorkItems:
         # Segments are grouped by slot (group_by_slot): at most one per pool slot, so the
@@ -334,15 +347,17 @@ class ATMMLoRABackend(BaseLoRABackend):
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True
         self.static_items = static
-        self.overlap_stream = self.side_stream if static is self.graph_items else None
+        small = static is self.graph_items or num_tokens <= SIDE_STREAM_MAX_TOKENS
+        self.overlap_stream = self.side_stream if small else None
         self.work_items = None
         self.batch_info = batch_info
 
     # ------------------------------------------------------------------ compute
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
         """Base + LoRA of a plain linear layer in one call: graph batches through the
-        graph-safe ops (decode graphs with the shrink beside the base GEMM, prefill graphs
-        in sequence), eager batches the base then ``ops.lora_apply``. TP all-reduce and
+        graph-safe ops (decode graphs and small prefill graphs with the shrink beside the
+        base GEMM, larger prefill graphs in sequence), eager batches the base then
+        ``ops.lora_apply``. TP all-reduce and
         lm_head take SGLang's path, which calls the ``run_*`` methods below."""
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
         if not plain or kwargs.get("pruned_batch_info") is not None:

@@ -341,10 +341,11 @@ def test_graph_batch_before_its_buffers_is_refused():
         backend.prepare_lora_batch(decode_batch(2), [1, 1], SLOTS_RANKS, SCALINGS, True)
 
 
-def test_only_decode_graph_batches_overlap_the_shrink_on_the_side_stream(monkeypatch):
-    """Decode graphs run the shrink beside the base GEMM on the side stream; prefill graphs
-    and eager batches run in sequence (a prefill's base GEMM leaves no SM for a shrink
-    beside it: docs/perf.md)."""
+def test_decode_and_small_prefill_graph_batches_overlap_the_shrink_on_the_side_stream(monkeypatch):
+    """Decode graphs and prefill graphs of up to SIDE_STREAM_MAX_TOKENS tokens run the shrink
+    beside the base GEMM on the side stream; larger prefill graphs and eager batches run in
+    sequence (a large prefill's base GEMM leaves no SM for a shrink beside it: docs/perf.md)."""
+    import sglang_vlora.backend as backend_module
     from sglang_vlora.atmm import ops
 
     streams = []
@@ -356,19 +357,21 @@ def test_only_decode_graph_batches_overlap_the_shrink_on_the_side_stream(monkeyp
     offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
     backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=4, num_tokens_per_req=1)
+    monkeypatch.setattr(backend_module, "SIDE_STREAM_MAX_TOKENS", 8)
     backend.init_prefill_cuda_graph_batch_info(max_num_tokens=16, max_num_requests=2)
     side = object()  # a CUDA stream where there is a GPU; only its identity matters here
     backend.side_stream = side
     batches = [  # (batch, decode graph, prefill graph)
         (decode_batch(2), True, False),
         (extend_batch([6, 4]), False, True),
+        (extend_batch([5, 3]), False, True),
         (extend_batch([5]), False, False),
         (decode_batch(3), True, False),
     ]
     for batch, decode_graph, prefill_graph in batches:
         backend.prepare_lora_batch(batch, [1] * batch.batch_size, SLOTS_RANKS, SCALINGS, decode_graph, prefill_graph)
         run_layer(backend, "with_base", torch.randn(16, D_IN), a, b, offsets, torch.zeros(16, offsets[-1]))
-    assert streams == [side, None, "eager", side]
+    assert streams == [side, None, side, "eager", side]
 
 
 def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(monkeypatch):
