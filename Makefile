@@ -48,6 +48,7 @@ bench: install
 	$(PY) bench/kernels.py --check
 	$(PY) bench/switch.py
 	$(PY) bench/mode_cost.py
+	$(PY) bench/graph_step.py
 	$(PY) bench/run_e2e.py run --call $(if $(HAS_GPU),short,cpu-smoke) --out .cache/bench/short --tag e2e_short
 	$(PY) bench/run_e2e.py report .cache/bench/short/e2e_short.json --out .cache/bench/short/report
 
