@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -39,8 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import provenance  # noqa: E402
-from bench.mode_cost import segments  # noqa: E402
+from bench.mode_cost import parse_batch, parse_positive, parse_share, save_results, segments  # noqa: E402
 from sglang_vlora.atmm import ops  # noqa: E402
 from sglang_vlora.atmm.static_items import StaticWorkItems  # noqa: E402
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items  # noqa: E402
@@ -168,42 +164,17 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a share is between 0 and 1, got {value}")
-    return value
-
-
-def _batch(text: str) -> tuple[int, int]:
-    """``TOKENSxREQUESTS``, both >= 1."""
-    try:
-        tokens, requests = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected TOKENSxREQUESTS such as 1x8, got {text!r}") from None
-    if tokens < 1 or requests < 1:
-        raise argparse.ArgumentTypeError(f"tokens and requests must be >= 1, got {text!r}")
-    return tokens, requests
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: the torch path, nothing timed)")
-    ap.add_argument("--batches", nargs="+", type=_batch,
+    ap.add_argument("--batches", nargs="+", type=parse_batch,
                     default=[(1, 1), (1, 8), (1, 32), (1, 64), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)],
                     help="TOKENSxREQUESTS: decode steps (1 token each) or prefill chunks")
-    ap.add_argument("--share", type=_share, default=0.7, help="share of the requests on the merged adapter")
+    ap.add_argument("--share", type=parse_share, default=0.7, help="share of the requests on the merged adapter")
     ap.add_argument("--modes", nargs="+", choices=("unmerged", "mixture"), default=["unmerged", "mixture"])
-    ap.add_argument("--replays", type=_positive, default=20)
-    ap.add_argument("--trials", type=_positive, default=3)
-    ap.add_argument("--rank", type=_positive, default=64)
+    ap.add_argument("--replays", type=parse_positive, default=20)
+    ap.add_argument("--trials", type=parse_positive, default=3)
+    ap.add_argument("--rank", type=parse_positive, default=64)
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
@@ -228,24 +199,12 @@ def main() -> None:
             print(f"{tokens:6d} {requests:4d} {mode:>8} {_median(row['base_ms']):8.3f} "
                   + " ".join(f"{_median(row[v + '_adds_ms']):10.3f}" for v in VARIANTS)
                   + f"  err {max(row['side_rel_err'], row['sequence_rel_err']):.1e}", flush=True)
-    env = provenance.environment(provenance.gpu_info())
-    doc = {
-        "what": "ms one forward's 28 layers of q/k/v and o projections add over the same CUDA graph without LoRA: "
-                "side (shrink beside the base GEMM on a side stream, then expand), sequence (both in sequence), "
-                "in_gemm (estimate: one GEMM over the base weight with every slot's A rows appended, then the "
-                "expand over a stand-in intermediate); lists hold one median per trial",
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "shapes": shapes,
-        "command": " ".join(["python", "bench/graph_step.py", *sys.argv[1:]]),
-        "provenance": provenance.record(env),
-        "rows": rows,
-    }
-    out = args.out or (Path(tempfile.mkdtemp(prefix="graph-step-")) if args.smoke else REPO / "bench" / "results")
-    tag = args.tag or ("graph_step_smoke" if args.smoke else "graph_step")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    plot(rows, doc["device"], out / f"{tag}.png")
-    print(f"wrote {out / (tag + '.json')}")
+    what = ("ms one forward's 28 layers of q/k/v and o projections add over the same CUDA graph without LoRA: "
+            "side (shrink beside the base GEMM on a side stream, then expand), sequence (both in sequence), "
+            "in_gemm (estimate: one GEMM over the base weight with every slot's A rows appended, then the "
+            "expand over a stand-in intermediate); lists hold one median per trial")
+    setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "shapes": shapes}
+    save_results("graph_step", what, setup, rows, args, device, plot)
 
 
 def plot(rows: list[dict], device: str, path: Path) -> None:

@@ -150,7 +150,7 @@ def measure(projections: dict[str, Projection], tokens: int, requests: int, shar
     return row
 
 
-def _batch(text: str) -> tuple[int, int]:
+def parse_batch(text: str) -> tuple[int, int]:
     """``TOKENSxREQUESTS``, both >= 1."""
     try:
         tokens, requests = (int(v) for v in text.lower().split("x"))
@@ -161,14 +161,14 @@ def _batch(text: str) -> tuple[int, int]:
     return tokens, requests
 
 
-def _share(text: str) -> float:
+def parse_share(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"a share is between 0 and 1, got {value}")
     return value
 
 
-def _positive(text: str) -> int:
+def parse_positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -178,11 +178,11 @@ def _positive(text: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few iterations (CPU: Triton interpreter)")
-    ap.add_argument("--rank", type=_positive, default=64)
-    ap.add_argument("--batches", nargs="+", type=_batch, default=[(1024, 1), (256, 4), (1, 8), (1, 32)],
+    ap.add_argument("--rank", type=parse_positive, default=64)
+    ap.add_argument("--batches", nargs="+", type=parse_batch, default=[(1024, 1), (256, 4), (1, 8), (1, 32)],
                     help="TOKENSxREQUESTS: prefill chunks (tokens > 1) or decode steps (1 token each)")
-    ap.add_argument("--shares", nargs="+", type=_share, default=[1.0, 0.75, 0.5, 0.25])
-    ap.add_argument("--iters", type=_positive, default=50)
+    ap.add_argument("--shares", nargs="+", type=parse_share, default=[1.0, 0.75, 0.5, 0.25])
+    ap.add_argument("--iters", type=parse_positive, default=50)
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
@@ -205,22 +205,32 @@ def main() -> None:
             merge = f"{row['merge_adds_ms']:8.3f}" if "merge_adds_ms" in row else f"{'-':>8}"
             print(f"{tokens:6d} {requests:4d} {share:5.2f} {row['base_ms']:8.3f} {row['unmerge_adds_ms']:9.3f} "
                   f"{row['mixture_adds_ms']:9.3f} {merge} {row['mixture_rel_err']:8.1e}")
+    what = ("per decoder layer: q/k/v and o projections (base GEMM + ATMM LoRA) per inference mode; "
+            "*_adds_ms = the mode's time minus the base GEMMs' (base_ms)")
+    setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS,
+             "shapes": {k: [h, list(s)] for k, (h, s) in shapes.items()}}
+    save_results("mode_cost", what, setup, rows, args, device, plot)
+
+
+def save_results(script: str, what: str, setup: dict, rows: list[dict], args: argparse.Namespace,
+                 device: torch.device, plot_fn) -> None:
+    """Write ``<out>/<tag>.json`` (device, ``setup``, command, provenance, rows) and its plot
+    ``plot_fn(rows, device name, path)``; ``--out`` defaults to bench/results (a temp dir with
+    ``--smoke``), ``--tag`` to the script's name."""
     env = provenance.environment(provenance.gpu_info())
     doc = {
-        "what": "per decoder layer: q/k/v and o projections (base GEMM + ATMM LoRA) per inference mode; "
-                "*_adds_ms = the mode's time minus the base GEMMs' (base_ms)",
+        "what": what,
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS,
-        "shapes": {k: [h, list(s)] for k, (h, s) in shapes.items()},
-        "command": " ".join(["python", "bench/mode_cost.py", *sys.argv[1:]]),
+        **setup,
+        "command": " ".join(["python", f"bench/{script}.py", *sys.argv[1:]]),
         "provenance": provenance.record(env),
         "rows": rows,
     }
-    out = args.out or (Path(tempfile.mkdtemp(prefix="mode-cost-")) if args.smoke else REPO / "bench" / "results")
-    tag = args.tag or ("mode_cost_smoke" if args.smoke else "mode_cost")
+    out = args.out or (Path(tempfile.mkdtemp(prefix=f"{script}-")) if args.smoke else REPO / "bench" / "results")
+    tag = args.tag or (f"{script}_smoke" if args.smoke else script)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    plot(rows, doc["device"], out / f"{tag}.png")
+    plot_fn(rows, doc["device"], out / f"{tag}.png")
     print(f"wrote {out / (tag + '.json')}")
 
 
