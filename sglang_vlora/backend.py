@@ -61,7 +61,7 @@ NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merge
 # stream, as decode graphs do; larger ones run it in sequence. On the H200, 28 layers of
 # Qwen2-VL-7B's q/k/v and o in a CUDA graph (bench/results/graph_step_h200.json): beside the
 # GEMM the LoRA added 0.08-0.29 ms less than in sequence at 16-256 tokens, 0.14-0.22 ms more
-# at 512 and 1024. The graph keeps the choice made for its captured size.
+# at 512 and 1024. Decided by the rows a layer runs, i.e. the graph's captured size.
 SIDE_STREAM_MAX_TOKENS = 256
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
@@ -149,9 +149,8 @@ class ATMMLoRABackend(BaseLoRABackend):
         # it runs through the graph-safe ops; None for an eager batch.
         self.static_items: StaticWorkItems | None = None
         self.side_stream: torch.cuda.Stream | None = None  # graph batches' shrinks (CUDA only)
-        # The stream the prepared graph batch overlaps its shrinks on: the side stream for
-        # decode graphs and small prefill graphs (SIDE_STREAM_MAX_TOKENS), None (in
-        # sequence) for larger prefill graphs and eager batches.
+        # The stream the prepared graph batch may overlap its shrinks on (None for an eager
+        # batch); prefill graphs of more than SIDE_STREAM_MAX_TOKENS rows run in sequence.
         self.overlap_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
@@ -347,8 +346,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True
         self.static_items = static
-        small = static is self.graph_items or num_tokens <= SIDE_STREAM_MAX_TOKENS
-        self.overlap_stream = self.side_stream if small else None
+        self.overlap_stream = self.side_stream
         self.work_items = None
         self.batch_info = batch_info
 
@@ -364,8 +362,12 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
+            stream = self.overlap_stream
+            # By the rows the graph runs (its captured size), not the batch's tokens.
+            if self.static_items is self.prefill_graph_items and x.shape[0] > SIDE_STREAM_MAX_TOKENS:
+                stream = None
             return ops.lora_apply_static_with_base(
-                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, self.overlap_stream, self.impl
+                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, stream, self.impl
             )
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).

@@ -370,7 +370,8 @@ def test_decode_and_small_prefill_graph_batches_overlap_the_shrink_on_the_side_s
     ]
     for batch, decode_graph, prefill_graph in batches:
         backend.prepare_lora_batch(batch, [1] * batch.batch_size, SLOTS_RANKS, SCALINGS, decode_graph, prefill_graph)
-        run_layer(backend, "with_base", torch.randn(16, D_IN), a, b, offsets, torch.zeros(16, offsets[-1]))
+        rows = batch.batch_size if decode_graph else sum(batch.extend_seq_lens_cpu)
+        run_layer(backend, "with_base", torch.randn(rows, D_IN), a, b, offsets, torch.zeros(rows, offsets[-1]))
     assert streams == [side, None, side, "eager", side]
 
 
