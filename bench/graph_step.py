@@ -36,13 +36,20 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.mode_cost import parse_batch, parse_positive, parse_share, save_results, segments  # noqa: E402
+from bench.mode_cost import (  # noqa: E402
+    ADAPTERS,
+    MERGED,
+    parse_batch,
+    parse_positive,
+    parse_share,
+    save_results,
+    segments,
+)
 from sglang_vlora.atmm import ops  # noqa: E402
 from sglang_vlora.atmm.static_items import StaticWorkItems  # noqa: E402
+from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items  # noqa: E402
 
-ADAPTERS = 4
-MERGED = 0
 SHAPES_7B = {"layers": 28, "hidden": 3584, "qkv": (3584, 512, 512), "o": (3584,)}
 SHAPES_SMOKE = {"layers": 2, "hidden": 64, "qkv": (64, 16, 16), "o": (64,)}
 VARIANTS = ("side", "sequence", "in_gemm")
@@ -91,32 +98,12 @@ def forward(layers: list[Layer], x: torch.Tensor, x_o: torch.Tensor, static, var
 
 
 def graph_ms(fn, device: torch.device, replays: int, trials: int) -> list[float]:
-    """Per trial the median ms of ``replays`` replays of ``fn`` captured in a CUDA graph (on
-    CPU: ``fn`` runs once, nothing is timed)."""
+    """Per trial (each its own capture) the median ms of ``replays`` replays of ``fn`` in a
+    CUDA graph (``tune.graph_replay_us``); on CPU ``fn`` runs once and nothing is timed."""
+    fn()  # compile and warm outside any capture
     if device.type != "cuda":
-        fn()
         return [0.0] * trials
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile and warm outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    medians = []
-    for _ in range(trials):
-        samples = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        medians.append(sorted(samples)[len(samples) // 2])
-    return medians
+    return [graph_replay_us(fn, replays) / 1000 for _ in range(trials)]
 
 
 def measure(layers, shapes, tokens: int, requests: int, share: float, mode: str, device, dtype, replays: int,

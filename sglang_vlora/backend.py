@@ -148,10 +148,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         # The static items the prepared batch was written into (one of the two above) when
         # it runs through the graph-safe ops; None for an eager batch.
         self.static_items: StaticWorkItems | None = None
-        self.side_stream: torch.cuda.Stream | None = None  # graph batches' shrinks (CUDA only)
-        # The stream the prepared graph batch may overlap its shrinks on (None for an eager
-        # batch); prefill graphs of more than SIDE_STREAM_MAX_TOKENS rows run in sequence.
-        self.overlap_stream: torch.cuda.Stream | None = None
+        # Graph batches' shrinks beside the base GEMM (CUDA only); prefill graphs of more than
+        # SIDE_STREAM_MAX_TOKENS rows run in sequence instead (forward_with_base).
+        self.side_stream: torch.cuda.Stream | None = None
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
         # Batches prepared without any work item, by layout, since start-up (graph capture's
@@ -267,7 +266,6 @@ class ATMMLoRABackend(BaseLoRABackend):
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.static_items = None
-        self.overlap_stream = None
         self.work_items = mode_work_items(
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
@@ -346,7 +344,6 @@ class ATMMLoRABackend(BaseLoRABackend):
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True
         self.static_items = static
-        self.overlap_stream = self.side_stream
         self.work_items = None
         self.batch_info = batch_info
 
@@ -362,10 +359,9 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
-            stream = self.overlap_stream
             # By the rows the graph runs (its captured size), not the batch's tokens.
-            if self.static_items is self.prefill_graph_items and x.shape[0] > SIDE_STREAM_MAX_TOKENS:
-                stream = None
+            large_prefill = self.static_items is self.prefill_graph_items and x.shape[0] > SIDE_STREAM_MAX_TOKENS
+            stream = None if large_prefill else self.side_stream
             return ops.lora_apply_static_with_base(
                 x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, stream, self.impl
             )
