@@ -147,10 +147,10 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
     def prepared_launches() -> None:  # what an eager batch's launch plans run for the 2nd-28th layer
         shrink(x, a, inter)
         for launch in expand:
-            launch(inter, b, out)
+            launch(inter, b, out, out)
 
     prepared_us = per_call(prepared_launches)  # compiles the handles used below
-    handles = [(shrink, (x, a, inter)), *((launch, (inter, b, out)) for launch in expand)]
+    handles = [(shrink, (x, a, inter)), *((launch, (inter, b, out, out)) for launch in expand)]
 
     def handle_launches_with_tensors() -> None:  # the same compiled kernels, every argument a tensor
         for launch, lead in handles:

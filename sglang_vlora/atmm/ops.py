@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, static_items
+from sglang_vlora.atmm import cublas_ops, in_gemm, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -191,6 +191,33 @@ def lora_apply_static_with_base(
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl)
 
 
+def lora_apply_static_in_gemm(
+    x: torch.Tensor,
+    weight_ext: torch.Tensor,
+    bias_ext: torch.Tensor | None,
+    out_features: int,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    impl: str = "auto",
+) -> torch.Tensor:
+    """``base + LoRA`` with the shrink inside the base GEMM (:mod:`sglang_vlora.atmm.in_gemm`),
+    graph-safe: one GEMM over ``weight_ext`` (the base weight's ``out_features`` rows, then
+    every pool slot's A rows; ``bias_ext`` zero-padded alike, or None), then one expand into
+    a new contiguous ``[m, out_features]`` output. ``items`` must cover every token
+    (``StaticWorkItems.allocate(covers_tokens=True)``)."""
+    if not items.covers_tokens:
+        raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
+    y = torch.nn.functional.linear(x, weight_ext, bias_ext)
+    inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
+    output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
+    if _static_torch(output, impl):
+        output.copy_(layout.base)
+        rows = in_gemm.shrink_rows_torch(inter, layout, items)
+        return static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
+    return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
+
+
 def lora_shrink_static(
     x: torch.Tensor,
     a_buffer: torch.Tensor,
@@ -217,11 +244,16 @@ def lora_expand_static(
     slice_offsets: list[int],
     output: torch.Tensor,
     impl: str = "auto",
+    gemm_layout: in_gemm.InGemmLayout | None = None,
 ) -> torch.Tensor:
-    """Graph-safe expand of a ``lora_shrink_static`` result into ``output``."""
+    """Graph-safe expand of a ``lora_shrink_static`` result into ``output``; with
+    ``gemm_layout``, of the GEMM's slot columns: ``output = gemm_layout.base + LoRA``
+    (Triton only: ``lora_apply_static_in_gemm`` holds the torch form)."""
     from sglang_vlora.atmm import triton_kernels
 
     if _static_torch(output, impl):
+        if gemm_layout is not None:
+            raise ValueError("the shrink-in-GEMM expand's torch form is lora_apply_static_in_gemm's")
         return static_items.expand_torch(intermediate, b_buffer, items, slice_offsets, output)
     num_slices = len(slice_offsets) - 1
     m = output.shape[0]
@@ -245,6 +277,7 @@ def lora_expand_static(
         m,
         cfg,
         partners=partners,
+        in_gemm=gemm_layout,
     )
     return output
 
@@ -490,6 +523,6 @@ def _expand_plan(inter, b_buffer, items: WorkItems, slice_offsets: tuple[int, ..
 
     def run(inter: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
         for launch in prepared:
-            launch(inter, b, out)
+            launch(inter, b, out, out)
 
     return run

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_vlora.atmm.work_items import NO_PARTNER, WorkItems
+from sglang_vlora.atmm.work_items import ABSORBED, NO_PARTNER, WorkItems
 
 _ALIGN = 4  # int32 entries: every field starts 16-byte aligned in ``packed``
 _INT_FIELDS = 6  # seg_starts, seg_lens, slots, row_starts, layers, partners; then scales, then ranks
@@ -46,6 +46,10 @@ class StaticWorkItems:
     permutation: torch.Tensor  # int32 [max_tokens]: token of each segment position
     max_layers: int
     partners: torch.Tensor | None = None  # int32 [capacity]: work_items' pairs, NO_PARTNER where none
+    # Whether fill adds copy items (slot copy_slot, rank 0) over every position no item covers,
+    # up to max_tokens: the shrink-in-GEMM expand writes a separate output and must reach every
+    # token (sglang_vlora.atmm.in_gemm).
+    covers_tokens: bool = False
     # Whether the Triton expand runs one launch over the items not absorbed (reading partners)
     # instead of one per overlap layer: every filled batch's overlap then comes from pairs.
     paired: bool = False
@@ -64,14 +68,22 @@ class StaticWorkItems:
         device: torch.device | str,
         max_layers: int = 1,
         paired: bool = False,
+        covers_tokens: bool = False,
     ) -> StaticWorkItems:
         """Buffers for up to ``capacity`` items over ``max_tokens`` tokens, items in at
         most ``max_layers`` overlap layers (1 for plain unmerge, 2 for mixture mode).
-        ``paired``: one expand launch, for batches whose overlapping items are pairs."""
+        ``paired``: one expand launch, for batches whose overlapping items are pairs.
+        ``covers_tokens``: room for the copy items too (one per gap between items, at most
+        one more than the items). The rank table has one entry past the pool's slots,
+        always 0: the copy items' slot (:attr:`copy_slot`)."""
         if capacity < 1 or max_layers < 1 or max_tokens < 1:
             raise ValueError("capacity, max_tokens and max_layers must be at least 1")
+        if covers_tokens and max_layers > 1 and not paired:
+            raise ValueError("copy items need one layer of items (or pairs) to find the gaps between them")
+        if covers_tokens:
+            capacity = 2 * capacity + 1
         stride = -(-capacity // _ALIGN) * _ALIGN
-        perm_at = (_INT_FIELDS + 1) * stride + -(-num_slots // _ALIGN) * _ALIGN
+        perm_at = (_INT_FIELDS + 1) * stride + -(-(num_slots + 1) // _ALIGN) * _ALIGN
         packed = torch.zeros(perm_at + max_tokens, dtype=torch.int32, device=device)
         packed[perm_at:] = torch.arange(max_tokens, dtype=torch.int32)
 
@@ -86,10 +98,11 @@ class StaticWorkItems:
             layers=view(4),
             partners=view(5),
             scales=view(6).view(torch.float32),
-            ranks=packed[(_INT_FIELDS + 1) * stride : (_INT_FIELDS + 1) * stride + num_slots],
+            ranks=packed[(_INT_FIELDS + 1) * stride : (_INT_FIELDS + 1) * stride + num_slots + 1],
             permutation=packed[perm_at:],
             max_layers=max_layers,
             paired=paired,
+            covers_tokens=covers_tokens,
             packed=packed,
             _stride=stride,
         )
@@ -101,6 +114,11 @@ class StaticWorkItems:
     @property
     def max_tokens(self) -> int:
         return self.permutation.numel()
+
+    @property
+    def copy_slot(self) -> int:
+        """The slot of the copy items: the rank table's last entry, always rank 0."""
+        return self.ranks.numel() - 1
 
     def max_rows(self, num_tokens: int) -> int:
         """Static bound on shrink rows: each layer covers every token at most once."""
@@ -122,6 +140,18 @@ class StaticWorkItems:
         n = items.num_items
         if permutation is None and items.permutation is not None:
             permutation = items.permutation.tolist()
+        seg_starts, seg_lens, slots = items.seg_starts_host, items.seg_lens_host, items.slots_host
+        scales, layers, partners = items.scales_host, items.layers_host, items.partners_host
+        if self.covers_tokens:
+            copies = gaps(items, self.max_tokens)
+            if copies:
+                seg_starts = [*seg_starts, *(start for start, _ in copies)]
+                seg_lens = [*seg_lens, *(length for _, length in copies)]
+                slots = [*slots, *[self.copy_slot] * len(copies)]
+                scales = [*scales, *[0.0] * len(copies)]
+                layers = [*(layers if layers is not None else [0] * n), *[0] * len(copies)]
+                partners = [*(partners if partners is not None else [NO_PARTNER] * n), *[NO_PARTNER] * len(copies)]
+                n += len(copies)
         if n > self.capacity:
             raise ValueError(f"{n} work items exceed capacity {self.capacity}")
         if items.num_layers > self.max_layers:
@@ -130,46 +160,74 @@ class StaticWorkItems:
             raise ValueError("overlapping items without pairs in buffers whose expand runs one launch")
         if items.total_rows > self.max_rows(num_tokens) or num_tokens > self.max_tokens:
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
-        if len(items.ranks_host) != self.ranks.numel():
+        if len(items.ranks_host) != self.copy_slot:
             raise ValueError("rank table size differs from the allocated number of slots")
         if permutation is not None and len(permutation) > num_tokens:
             raise ValueError(f"a permutation of {len(permutation)} tokens for a batch of {num_tokens}")
+        # Copy items never read shrink rows: theirs start at 0.
         row_starts, total = [], 0
         for seg_len in items.seg_lens_host:
             row_starts.append(total)
             total += seg_len
+        row_starts += [0] * (n - items.num_items)
         pad = [0] * (self._stride - n)
-        scale_bits = list(struct.unpack(f"{n}i", struct.pack(f"{n}f", *items.scales_host)))
-        slots_pad = [0] * (-len(items.ranks_host) % _ALIGN)
+        scale_bits = list(struct.unpack(f"{n}i", struct.pack(f"{n}f", *scales)))
+        ranks = [*items.ranks_host, 0]  # the copy slot's
+        slots_pad = [0] * (-len(ranks) % _ALIGN)
         if permutation is None:
             perm, self._permuted = range(self._permuted), 0
+        elif self.covers_tokens:
+            # The copy items reach past the batch's tokens (a graph's padding rows): those
+            # positions must read the identity, not an earlier batch's permutation.
+            perm = [*permutation, *range(len(permutation), self._permuted)]
+            self._permuted = len(permutation)
         else:
             perm, self._permuted = permutation, max(self._permuted, len(permutation))
         values = [
-            *items.seg_starts_host, *pad,
-            *items.seg_lens_host, *pad,
-            *items.slots_host, *pad,
+            *seg_starts, *pad,
+            *seg_lens, *pad,
+            *slots, *pad,
             *row_starts, *pad,
-            *(items.layers_host if items.layers_host is not None else [0] * n), *pad,
-            *(items.partners_host if items.partners_host is not None else [NO_PARTNER] * n), *pad,
+            *(layers if layers is not None else [0] * n), *pad,
+            *(partners if partners is not None else [NO_PARTNER] * n), *pad,
             *scale_bits, *pad,
-            *items.ranks_host, *slots_pad,
+            *ranks, *slots_pad,
             *perm,
         ]
         staging = torch.tensor(values, dtype=torch.int32, pin_memory=self.packed.is_cuda)
         self.packed[: len(values)].copy_(staging, non_blocking=True)
 
 
+def gaps(items: WorkItems, end: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of every run of positions in ``[0, end)`` that no item covers (an
+    absorbed item's positions are its partners', so only the others count)."""
+    partners = items.partners_host
+    spans = sorted(
+        (start, start + length)
+        for i, (start, length) in enumerate(zip(items.seg_starts_host, items.seg_lens_host, strict=True))
+        if length > 0 and (partners is None or partners[i] != ABSORBED)
+    )
+    out, at = [], 0
+    for start, stop in spans:
+        if start > at:
+            out.append((at, start - at))
+        at = max(at, stop)
+    if at < end:
+        out.append((at, end - at))
+    return out
+
+
 # ---- graph-safe torch path ----------------------------------------------------------------
 
 
-def _layer_map(items: StaticWorkItems, m: int, layer: int):
+def layer_map(items: StaticWorkItems, m: int, layer: int):
     """For each position ``p < m``: whether an item of ``layer`` covers it, which one
     (valid where covered), and the token row it reads (0 where not covered)."""
     pos = torch.arange(m, device=items.seg_lens.device)
     starts = items.seg_starts.long().unsqueeze(1)
     ends = starts + items.seg_lens.long().unsqueeze(1)
-    cover = (pos >= starts) & (pos < ends) & (items.layers.unsqueeze(1) == layer)  # [capacity, m]
+    live = (items.ranks.long()[items.slots.long()] > 0).unsqueeze(1)  # copy items (rank 0) add nothing
+    cover = (pos >= starts) & (pos < ends) & (items.layers.unsqueeze(1) == layer) & live  # [capacity, m]
     covered = cover.any(0)
     item = cover.to(torch.int32).argmax(0)  # items of one layer never overlap: at most one
     token = torch.where(covered, items.permutation[:m].long(), 0)
@@ -192,7 +250,7 @@ def shrink_torch(x: torch.Tensor, a_buffer: torch.Tensor, items: StaticWorkItems
     cdtype = _compute_dtype(x, a_buffer)
     cols = torch.arange(width, device=x.device)
     for layer in range(items.max_layers if items.capacity else 0):  # capacity: static, graph-safe
-        pos, covered, item, token = _layer_map(items, m, layer)
+        pos, covered, item, token = layer_map(items, m, layer)
         slot = items.slots.long()[item]
         xt = x[token].to(cdtype)
         rows = torch.zeros((m, width), dtype=cdtype, device=x.device)
@@ -220,7 +278,7 @@ def expand_torch(
     cols = torch.arange(max_rank, device=output.device)
     last_col = intermediate.shape[1] - 1
     for layer in range(items.max_layers if items.capacity else 0):  # capacity: static, graph-safe
-        pos, covered, item, token = _layer_map(items, m, layer)
+        pos, covered, item, token = layer_map(items, m, layer)
         slot = torch.where(covered, items.slots.long()[item], -1)
         row = torch.where(covered, items.row_starts.long()[item] + pos - items.seg_starts.long()[item], 0)
         block = intermediate[row]

@@ -21,6 +21,8 @@ here take tile configs and raw tensors; choosing the config is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +31,9 @@ from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import ABSORBED as _ABSORBED
+
+if TYPE_CHECKING:
+    from sglang_vlora.atmm.in_gemm import InGemmLayout
 
 ABSORBED = tl.constexpr(_ABSORBED)
 
@@ -69,7 +74,7 @@ def _find_tile(
 # would each compile a new variant in the middle of serving, after the first call of a shape
 # compiled every table config ahead (``ops._compile_table_configs``).
 SHRINK_UNSPECIALISED = ("K", "n_tiles", "stride_ps", "num_slices", "n_items")
-EXPAND_UNSPECIALISED = ("layer", "off0", "off1", "off2", "off3", "n_tiles", "n_items")
+EXPAND_UNSPECIALISED = ("layer", "off0", "off1", "off2", "off3", "n_tiles", "m_tokens", "n_items")
 
 
 @triton.jit(do_not_specialize=SHRINK_UNSPECIALISED)
@@ -188,6 +193,7 @@ def _expand_kernel(
     inter_ptr,
     b_ptr,
     out_ptr,
+    base_ptr,
     seg_starts_ptr,
     seg_lens_ptr,
     slots_ptr,
@@ -210,6 +216,9 @@ def _expand_kernel(
     stride_bk,
     stride_om,
     stride_on,
+    stride_basem,
+    stride_islot,
+    m_tokens,
     n_items,
     CAP: tl.constexpr,
     NUM_SLICES: tl.constexpr,
@@ -217,10 +226,19 @@ def _expand_kernel(
     CHECK_LAYER: tl.constexpr,
     PAIRED: tl.constexpr,
     ALIGNED: tl.constexpr,
+    IN_GEMM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """``out[tokens] = base[tokens] + scale * inter @ B.T`` per item, slice and column tile.
+
+    Separate shrink (IN_GEMM false): ``inter`` rows are the items' shrink rows and ``base``
+    is ``out`` (updated in place). Shrink in the base GEMM (IN_GEMM): ``inter`` is the GEMM's
+    extra columns, one row per token, slot ``j``'s block at column ``j * stride_islot``;
+    ``base`` is the GEMM's own columns and ``out`` a separate tensor that every token reaches
+    through some item (the copy items of the ``COPY_SLOT``, rank 0, add nothing); rows at
+    or past ``m_tokens`` (position padding past the graph's rows) are skipped."""
     pid = tl.program_id(0)
     tiles_per_m = NUM_SLICES * n_tiles
     s = (pid % tiles_per_m) // n_tiles
@@ -239,29 +257,41 @@ def _expand_kernel(
     if ALIGNED:  # every slice offset is a multiple of 16: vector access of the output
         lo = tl.multiple_of(lo, 16)
         hi = tl.multiple_of(hi, 16)
+    if not IN_GEMM:
+        # Only the copy items of the shrink-in-GEMM layout have rank 0: nothing to add here.
+        if tl.load(ranks_ptr + tl.load(slots_ptr + item)) == 0:
+            return
     seg_start = tl.load(seg_starts_ptr + item)
     tokens, rows, m_mask = _tile_rows(
         pid_m, seg_start, tl.load(row_starts_ptr + item), seg_len, perm_ptr, HAS_PERM, BLOCK_M
     )
+    if IN_GEMM:
+        m_mask = m_mask & (tokens < m_tokens)
+        rows = tokens
     offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hi
     acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, item, rows, s, offs_n, m_mask, n_mask, stride_im,
-                       stride_ik, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K)
+                       stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = acc * tl.load(scales_ptr + item)
     if PAIRED:
-        # The absorbed item over this item's tokens: its rows at the same offset into its segment.
+        # The absorbed item over this item's tokens: its rows at the same offset into its segment
+        # (in the GEMM's columns: the same tokens, the partner's slot block).
         partner = tl.load(partners_ptr + item)
         if partner >= 0:
-            offset = tl.load(row_starts_ptr + partner) + seg_start - tl.load(seg_starts_ptr + partner)
-            p_rows = (offset + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            if IN_GEMM:
+                p_rows = rows
+            else:
+                offset = tl.load(row_starts_ptr + partner) + seg_start - tl.load(seg_starts_ptr + partner)
+                p_rows = (offset + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             p_acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, partner, p_rows, s, offs_n, m_mask,
-                                 n_mask, stride_im, stride_ik, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N,
-                                 BLOCK_K)
+                                 n_mask, stride_im, stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M,
+                                 BLOCK_N, BLOCK_K)
             acc += p_acc * tl.load(scales_ptr + partner)
 
     out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    base_ptrs = base_ptr + tokens[:, None] * stride_basem + offs_n[None, :] * stride_on
     mask = m_mask[:, None] & n_mask[None, :]
-    base = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    base = tl.load(base_ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptrs, (base + acc).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -279,6 +309,7 @@ def _expand_item(
     n_mask,
     stride_im,
     stride_ik,
+    stride_islot,
     stride_bs,
     stride_bn,
     stride_bk,
@@ -286,11 +317,13 @@ def _expand_item(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Unscaled ``inter[rows, s*r:(s+1)*r] @ B[slot, offs_n, :r].T`` of one item, fp32."""
+    """Unscaled ``inter[rows, slot block + s*r:(s+1)*r] @ B[slot, offs_n, :r].T`` of one item,
+    fp32 (the slot block is at ``slot * stride_islot``: 0 for a separate shrink's rows)."""
     slot = tl.load(slots_ptr + item).to(tl.int64)
     rank = tl.load(ranks_ptr + slot)
     offs_k = tl.arange(0, BLOCK_K)
-    i_ptrs = inter_ptr + rows[:, None] * stride_im + (s * rank + offs_k)[None, :] * stride_ik
+    i_ptrs = (inter_ptr + rows[:, None] * stride_im + slot * stride_islot
+              + (s * rank + offs_k)[None, :] * stride_ik)
     b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Whole K tiles without a rank mask (vector loads of B), then the masked tail.
@@ -462,6 +495,7 @@ def launch_expand(
     config: ExpandConfig,
     compile_only: bool = False,
     partners: torch.Tensor | None = None,
+    in_gemm: InGemmLayout | None = None,
 ) -> None:
     """``output[tokens, slice s] += scale * inter[rows, s*r:(s+1)*r] @ B[slot, slice s, :r].T``.
 
@@ -473,9 +507,12 @@ def launch_expand(
     item it absorbs, absorbed items get no tiles of their own; ``layers`` and
     ``num_layers`` then describe the items left (one layer for mixture's pairs).
     ``compile_only``: compile the kernel these arguments select, launch nothing.
+    ``in_gemm``: the shrink ran inside the base GEMM (:class:`InGemmLayout`): ``inter`` is
+    the GEMM's extra columns (a row per token), ``output`` a separate tensor that gets
+    ``in_gemm.base + LoRA`` for every token the items cover.
     """
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
-                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners)
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners, in_gemm)
     for call in calls[:1] if compile_only else calls:
         _launch(_EXPAND, *call, config, compile_only)
 
@@ -499,17 +536,20 @@ def prepare_expand(
     partners: torch.Tensor | None = None,
 ) -> list[PreparedLaunch]:
     """:func:`launch_expand` with these arguments, prepared: one launch per overlap layer,
-    each called as ``prepared(inter, b_buffer, output)``."""
+    each called as ``prepared(inter, b_buffer, output, output)`` (the fourth is the base the
+    kernel reads: the output itself, updated in place)."""
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
                           num_layers, ranks, permutation, slice_offsets, row_bound, config, partners)
-    return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=3) for call in calls]
+    return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=4) for call in calls]
 
 
 def _expand_calls(
     inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers, num_layers, ranks, permutation,
-    slice_offsets, row_bound, config, partners=None,
+    slice_offsets, row_bound, config, partners=None, in_gemm=None,
 ) -> list[tuple]:
     n_items = seg_lens.numel()
+    if in_gemm is not None and num_layers > 1:
+        raise ValueError("the shrink-in-GEMM expand writes each token once: one layer of items (or pairs)")
     num_slices = len(slice_offsets) - 1
     if not 1 <= num_slices <= 3:
         raise ValueError(f"1 to 3 slices are supported, got {num_slices}")
@@ -527,6 +567,7 @@ def _expand_calls(
         "CHECK_LAYER": check_layer,
         "PAIRED": partners is not None,
         "ALIGNED": all(o % 16 == 0 for o in offs),
+        "IN_GEMM": in_gemm is not None,
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
@@ -537,6 +578,7 @@ def _expand_calls(
             inter,
             b_buffer,
             output,
+            output if in_gemm is None else in_gemm.base,
             seg_starts,
             seg_lens,
             slots,
@@ -556,6 +598,9 @@ def _expand_calls(
             b_buffer.stride(2),
             output.stride(0),
             output.stride(1),
+            output.stride(0) if in_gemm is None else in_gemm.base.stride(0),
+            0 if in_gemm is None else in_gemm.slot_width * inter.stride(1),
+            output.shape[0],
             n_items,
         )
         calls.append((grid, args, constexprs))
