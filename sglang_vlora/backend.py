@@ -45,6 +45,7 @@ import torch
 from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
+from sglang_vlora import in_gemm_weights
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
@@ -151,6 +152,10 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Graph batches' shrinks beside the base GEMM (CUDA only); prefill graphs of more than
         # SIDE_STREAM_MAX_TOKENS rows run in sequence instead (forward_with_base).
         self.side_stream: torch.cuda.Stream | None = None
+        # Whether some layers compute graph batches' shrink inside the base GEMM (set when the
+        # LoRA manager is built, before graphs: sglang_vlora.in_gemm_weights): the static items
+        # then cover every token (copy items), as that expand writes a separate output.
+        self.shrink_in_gemm = False
         self.use_graph_path = False
         self.has_lora_work = False  # whether the prepared batch has any work item
         # Batches prepared without any work item, by layout, since start-up (graph capture's
@@ -205,6 +210,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             device=self.device,
             max_layers=self.graph_layers,
             paired=self.graph_layers > 1,
+            covers_tokens=self.shrink_in_gemm,
         )
 
     def _static_batch_info(self, max_requests: int, tokens_per_request: int) -> LoRABatchInfo:
@@ -350,7 +356,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     # ------------------------------------------------------------------ compute
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
         """Base + LoRA of a plain linear layer in one call: graph batches through the
-        graph-safe ops (decode graphs and small prefill graphs with the shrink beside the
+        graph-safe ops (with the shrink inside the base GEMM where the layer has the pool's A
+        rows appended, else decode graphs and small prefill graphs with the shrink beside the
         base GEMM, larger prefill graphs in sequence), eager batches the base then
         ``ops.lora_apply``. TP all-reduce and
         lm_head take SGLang's path, which calls the ``run_*`` methods below."""
@@ -359,6 +366,10 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
+            fused = getattr(layer, in_gemm_weights.ATTR, None)
+            if fused is not None and self.static_items.covers_tokens:
+                return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
+                                                     self.static_items, [int(o) for o in offsets], self.impl)
             # By the rows the graph runs (its captured size), not the batch's tokens.
             large_prefill = self.static_items is self.prefill_graph_items and x.shape[0] > SIDE_STREAM_MAX_TOKENS
             stream = None if large_prefill else self.side_stream

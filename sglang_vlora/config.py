@@ -19,6 +19,7 @@ PLUGIN_NAME = "vlora"
 ATMM_IMPLS = ("auto", "torch")
 # "manual": no orchestrator; modes change only through POST /vlora/mode.
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
+SHRINK_IN_GEMM = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class VLoRAConfig:
     # Largest image a request may send, in pixels (width x height), checked from the image's
     # header before it is decoded. 32 Mi pixels: an 8192 x 4096 image.
     max_image_pixels: int = 32 * 1024 * 1024
+    # Graph batches' shrink inside the base GEMM, the pool's A rows appended to the base weights
+    # (sglang_vlora.in_gemm_weights): "auto" where eligible on a GPU and the appended rows are at
+    # most half the module's own; "on" wherever eligible (any device, any row count); "off" never.
+    shrink_in_gemm: str = "auto"
 
     def __post_init__(self) -> None:
         if self.atmm_impl not in ATMM_IMPLS:
@@ -73,6 +78,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
             raise ValueError(f"--vlora-max-image-pixels must be >= 1, got {self.max_image_pixels}")
+        if self.shrink_in_gemm not in SHRINK_IN_GEMM:
+            raise ValueError(f"--vlora-shrink-in-gemm must be one of {SHRINK_IN_GEMM}, got {self.shrink_in_gemm!r}")
         if self.cost_model is not None and not os.path.isfile(self.cost_model):
             raise ValueError(f"--vlora-cost-model: no such file {self.cost_model!r}")
 
@@ -104,6 +111,7 @@ class VLoRAConfig:
             keep_merged=args.vlora_keep_merged,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
+            shrink_in_gemm=args.vlora_shrink_in_gemm,
         )
 
 
@@ -190,4 +198,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="Largest image a request may send, in pixels (width x height); larger ones get a 400 "
         "before they are decoded.",
+    )
+    group.add_argument(
+        "--vlora-shrink-in-gemm",
+        choices=SHRINK_IN_GEMM,
+        default=defaults.shrink_in_gemm,
+        help="CUDA-graph batches compute the LoRA shrink inside the base GEMM, the adapter pool's A "
+        "rows appended to the base weights (tensor parallelism 1, unquantized weights): auto (default) "
+        "where the appended rows are at most half the module's own, on a GPU; on: wherever possible; "
+        "off: never (the shrink runs as its own kernel).",
     )

@@ -45,8 +45,11 @@ def launch(model: Path, adapters: dict[str, Path], log_path: Path, extra: list[s
 def server(tiny_assets, tmp_path_factory) -> Server:
     model, adapters = tiny_assets
     # Modes set by hand (POST /vlora/mode): the orchestrator has its own server in
-    # tests/server/test_orchestrator.py.
-    srv = launch(model, adapters, tmp_path_factory.mktemp("server") / "server.log", ["--vlora-policy", "manual"])
+    # tests/server/test_orchestrator.py. The pool's A rows are appended to the base weights
+    # (--vlora-shrink-in-gemm on; "auto" leaves them apart on a CPU), so every test of this
+    # server runs adapter loads, merges and the eager path over that layout.
+    srv = launch(model, adapters, tmp_path_factory.mktemp("server") / "server.log",
+                 ["--vlora-policy", "manual", "--vlora-shrink-in-gemm", "on"])
     yield srv
     stop(srv)
 

@@ -43,13 +43,15 @@ class ModeController:
         self.merged_uid: str | None = None
         self.last_switch_ms: float | None = None
         self._slices: dict[str, list[int]] = {}
-        self.stacks: dict[str, torch.Tensor] = {}
+        self.stacks: dict[str, torch.Tensor] = {}  # kind -> [L, out, in] base weights (views)
+        # kind -> the whole [L, out + extra, in] stack, for kinds stacked with extra rows
+        self.extended_stacks: dict[str, torch.Tensor] = {}
         # The scheduler that owns this controller (bound after it is built): its running
         # requests hold pool slots that a merge must not take.
         self.scheduler = None
 
     # ------------------------------------------------------------------ weights
-    def _modules(self) -> dict[str, list]:
+    def modules(self) -> dict[str, list]:
         """LoRA-wrapped modules by short name (qkv_proj, o_proj, gate_up_proj, down_proj:
         the pool's keys), in layer order. ``lora_modules`` holds, per layer, full module
         name -> LoRA layer."""
@@ -59,14 +61,16 @@ class ModeController:
                 by_name.setdefault(full_name.rsplit(".", 1)[-1], []).append(module)
         return by_name
 
-    def stack_weights(self) -> list[str]:
+    def stack_weights(self, extra_rows: dict[str, int] | None = None) -> list[str]:
         """Move each module kind's base weights (all layers) into one ``[L, out, in]``
         stack, the parameters rebound to their views. Must run before CUDA graphs
         capture the weights' addresses (it runs when the LoRA manager is built). Kinds
         whose weights differ in shape, dtype or device, are not floating point
         (quantized) or are missing (MoE), stay as they are (the switcher's loop path).
-        Returns the stacked kinds."""
-        for name, modules in self._modules().items():
+        ``extra_rows[kind]``: zero rows appended after each layer's weight (the stack is then
+        ``[L, out + extra, in]``, kept in :attr:`extended_stacks`). Returns the stacked kinds."""
+        extra_rows = extra_rows or {}
+        for name, modules in self.modules().items():
             weights = [getattr(m.base_layer, "weight", None) for m in modules]  # MoE layers have none
             first = weights[0]
             if name in self.stacks or not all(
@@ -75,14 +79,17 @@ class ModeController:
                 for w in weights
             ):
                 continue
-            self.stacks[name] = stack_in_place(weights)
+            stack = stack_in_place(weights, extra_rows.get(name, 0))
+            self.stacks[name] = stack[:, : first.shape[0]]
+            if extra_rows.get(name, 0):
+                self.extended_stacks[name] = stack
         if self.stacks and next(iter(self.stacks.values())).is_cuda:
             torch.cuda.empty_cache()  # the per-layer storages, before SGLang sizes the KV cache
         return sorted(self.stacks)
 
     def _build(self) -> SwiftSwitcher:
         kinds: dict[str, torch.Tensor | list] = {}
-        for name, modules in self._modules().items():
+        for name, modules in self.modules().items():
             offsets = _slice_offsets(modules[0])
             self._slices[name] = offsets
             names = [f"{name}.{s}" for s in range(len(offsets) - 1)]
@@ -200,6 +207,8 @@ class ModeController:
             "switch_count": sw.switch_count if sw is not None else 0,
             "last_switch_ms": self.last_switch_ms,
             "pristine_bytes": sw.pristine_bytes if sw is not None else 0,
+            # module kinds whose graph batches compute the shrink inside the base GEMM
+            "shrink_in_gemm": sorted(self.extended_stacks),
             "paths": dict(sw.paths) if sw is not None else {},
             # batches that ran the base layers alone (no LoRA work), by layout: "graph" ones
             # replayed the base-only decode graph (modes.mode_hooks.no_work_no_lora_after)

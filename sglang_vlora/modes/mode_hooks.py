@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 
+from sglang_vlora import in_gemm_weights
 from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
 from sglang_vlora.runtime import VLoRARuntime
@@ -42,10 +43,16 @@ def lora_manager_init_after(rt: VLoRARuntime, result, self, *args, **kwargs):
     """AFTER ``LoRAManager.__init__``: one mode controller per scheduler process; with
     the ``atmm`` backend (the only one that runs merge and mixture), the targeted base
     weights go into per-kind stacks now, before SGLang sizes the KV cache and captures
-    CUDA graphs (``ModelRunner.initialize`` builds the LoRA manager first)."""
+    CUDA graphs (``ModelRunner.initialize`` builds the LoRA manager first), with the pool's
+    A rows appended where graph batches compute the shrink in the base GEMM
+    (:mod:`sglang_vlora.in_gemm_weights`)."""
     rt.controller = ModeController(self)
     if getattr(self.lora_backend, "name", None) == "atmm":
-        rt.controller.stack_weights()
+        modules = rt.controller.modules()
+        setting = rt.config.shrink_in_gemm if rt.config is not None else "off"
+        rt.controller.stack_weights(in_gemm_weights.extra_rows(self, modules, setting))
+        attached = in_gemm_weights.attach(self, modules, rt.controller.extended_stacks)
+        self.lora_backend.shrink_in_gemm = bool(attached)
     return result
 
 

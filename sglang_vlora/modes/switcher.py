@@ -62,10 +62,11 @@ class LoRADelta:
 
 
 @torch.no_grad()
-def stack_in_place(weights: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Copy per-layer weights (same shape, dtype, device) into one ``[L, out, in]``
-    stack and rebind each tensor's ``.data`` to its view of the stack; returns the
-    stack.
+def stack_in_place(weights: Sequence[torch.Tensor], extra_rows: int = 0) -> torch.Tensor:
+    """Copy per-layer weights (same shape, dtype, device) into one ``[L, out + extra_rows,
+    in]`` stack and rebind each tensor's ``.data`` to its view of the stack (its first
+    ``out`` rows); returns the stack. The ``extra_rows`` after each layer's weight are zero:
+    room for the rows a GEMM over the whole layer appends (:mod:`sglang_vlora.in_gemm_weights`).
 
     Rebinding keeps the ``nn.Parameter`` objects the model holds, so call it once at
     load time, before anything (a CUDA graph, an optimizer) has captured the old
@@ -77,10 +78,14 @@ def stack_in_place(weights: Sequence[torch.Tensor]) -> torch.Tensor:
     for w in weights:
         if w.shape != first.shape or w.dtype != first.dtype or w.device != first.device:
             raise ValueError("weights of one kind must share shape, dtype and device")
-    stack = torch.empty((len(weights), *first.shape), dtype=first.dtype, device=first.device)
+    if extra_rows < 0:
+        raise ValueError(f"extra_rows must be >= 0, got {extra_rows}")
+    rows = first.shape[0]
+    stack = torch.empty((len(weights), rows + extra_rows, *first.shape[1:]), dtype=first.dtype, device=first.device)
+    stack[:, rows:].zero_()
     for i, w in enumerate(weights):
-        stack[i].copy_(w)
-        w.data = stack[i]
+        stack[i, :rows].copy_(w)
+        w.data = stack[i, :rows]
     return stack
 
 

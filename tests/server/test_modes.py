@@ -50,6 +50,13 @@ def test_every_request_matches_hf_with_an_adapter_merged(server, reference, unme
         assert_matches_reference(reference, gen, image_text, image, adapter)
 
 
+def test_the_pool_lives_in_the_base_weights_stacks(server):
+    """This server appends the pool's A rows to the base weights (--vlora-shrink-in-gemm on):
+    /vlora/status names the module kinds laid out so, and the modes above run over it."""
+    status = httpx.get(server.url + "/vlora/status", timeout=60).json()
+    assert status["shrink_in_gemm"] == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"], status
+
+
 def test_a_mixed_batch_in_mixture_mode(server, unmerged_after):
     alone = {a: sglang_generate(server.url, TEXT, a) for a in ADAPTERS}
     assert set_mode(server, "mixture", "b16").status_code == 200

@@ -193,6 +193,53 @@ def test_graph_path_replays_any_mode_and_item_count(kind, impl):
         assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
 
 
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
+def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl):
+    """A layer with the pool's A rows appended to its base weight (in_gemm_weights) runs one
+    GEMM over both and one expand into a new output: base + bias + LoRA for every token,
+    padding rows included, in every mode and item count of REPLAYS."""
+    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+
+    slices = [12, 6, 6]
+    a, b = pools(slices, seed=13)
+    for slot, r in enumerate(SLOTS_RANKS):  # pool entries past a slot's rank are never read
+        a[slot, len(slices) * r :] = float("nan")
+        b[slot, :, r:] = float("nan")
+    g = torch.Generator().manual_seed(14)
+    w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
+    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
+                                                   bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
+                                                   out_features=sum(slices))})
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
+    backend.shrink_in_gemm = True
+    backend.init_decode_cuda_graph_batch_info(max_bs_in_cuda_graph=GRAPH_BS, num_tokens_per_req=1)
+    assert backend.graph_items.covers_tokens
+    offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
+
+    def run(x):
+        return backend.forward_with_base(layer, x, lambda: pytest.fail("the base GEMM ran apart"), a, b, None,
+                                         tuple(offsets))
+
+    for label, merged, slots, _ in REPLAYS:
+        rt.controller = FakeController(merged)
+        ranks = [r if s in slots else 0 for s, r in enumerate(SLOTS_RANKS)]
+        backend.prepare_lora_batch(decode_batch(len(slots)), slots, ranks, SCALINGS, use_cuda_graph=True)
+        x = torch.randn(GRAPH_BS, D_IN, generator=g)  # padded to the captured size
+        got = run(x)
+        base = x.double() @ w.double().T + bias.double()
+        expected = base.clone()
+        expected[: len(slots)] += mode_reference(x[: len(slots)], a, b, slots, slices, merged)[0]
+        assert got.is_contiguous() and got.shape == base.shape
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
+    # Eager batches keep the base GEMM and their own shrink.
+    backend.prepare_lora_batch(extend_batch([3]), [1], SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
+    x = torch.randn(3, D_IN, generator=g)
+    eager = backend.forward_with_base(layer, x, lambda: x @ w.T + bias, a, b, None, tuple(offsets))
+    expected = x.double() @ w.double().T + bias.double() + reference(x, a, b, [1, 1, 1], slices)[0]
+    torch.testing.assert_close(eager.double(), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_graph_path_matches_eager_path_in_mixture():
     """One batch, both layouts: the same items, the same result."""
     slices = [12, 6, 6]

@@ -74,6 +74,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
         "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
         "keep_merged": "plurality", "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
+        "shrink_in_gemm": "auto",
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -146,6 +147,7 @@ def test_unknown_choice_is_refused_by_name(capsys, flag, value):
         ({"keep_merged": "always"}, "--vlora-keep-merged must be one of"),
         ({"cost_model": "no/such/costs.json"}, "no such file"),
         ({"max_image_pixels": 0}, "--vlora-max-image-pixels must be"),
+        ({"shrink_in_gemm": "yes"}, "--vlora-shrink-in-gemm must be one of"),
     ],
 )
 def test_bad_orchestrator_options_are_refused(options, reason):
