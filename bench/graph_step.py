@@ -13,10 +13,13 @@ by adapter as the server groups them, unmerged or in mixture (that adapter merge
 * ``side``: the shrink on a side stream beside the base GEMM, then the expand
   (``ops.lora_apply_static_with_base`` with a stream: what decode graphs run);
 * ``sequence``: the same two launches in sequence (what large prefill graphs run);
-* ``in_gemm`` (an estimate of a design not built): the adapters' A rows appended to the base
-  weight as extra output columns, so the base GEMM computes every slot's shrink, then the
-  expand. It times one GEMM over ``[W; A]`` and the expand over a stand-in intermediate of the
-  same shape; its outputs are not LoRA outputs and are not checked.
+* ``in_gemm``: every pool slot's A rows appended to the base weight as extra output columns,
+  so the base GEMM computes every slot's shrink, then one expand into a new output
+  (``ops.lora_apply_static_in_gemm``: what graph batches run with ``--vlora-shrink-in-gemm``).
+  Its cost grows with the pool's slots (``--slots``, SGLang's ``--max-loras-per-batch``), used
+  or not.
+
+Every variant's output is checked against the torch path (``*_rel_err``).
 
 The result per batch: milliseconds the LoRA adds over the no-LoRA graph, one median of
 ``--replays`` replays per trial (``--trials`` independent timings: the spread). Writes
@@ -59,7 +62,8 @@ class Layer:
     """One decoder layer's two projections: base weights, the base weights with every slot's
     A rows appended (``in_gemm``), and the adapters' pool buffers."""
 
-    def __init__(self, hidden: int, slices: dict[str, tuple[int, ...]], rank: int, dtype, device, gen) -> None:
+    def __init__(self, hidden: int, slices: dict[str, tuple[int, ...]], rank: int, slots: int, dtype, device,
+                 gen) -> None:
         self.proj = {}
         for name, widths in slices.items():
             out = sum(widths)
@@ -68,15 +72,16 @@ class Layer:
             def rand(*shape: int, s: float) -> torch.Tensor:
                 return (torch.randn(*shape, generator=gen) * s).to(device, dtype)
 
-            w, a = rand(out, hidden, s=hidden**-0.5), rand(ADAPTERS, len(widths) * rank, hidden, s=hidden**-0.5)
+            w, a = rand(out, hidden, s=hidden**-0.5), rand(slots, len(widths) * rank, hidden, s=hidden**-0.5)
             w_ext = torch.cat([w, a.reshape(-1, hidden)])
-            self.proj[name] = (w, w_ext, a, rand(ADAPTERS, out, rank, s=rank**-0.5), offsets)
+            self.proj[name] = (w, w_ext, a, rand(slots, out, rank, s=rank**-0.5), offsets)
 
 
 def forward(layers: list[Layer], x: torch.Tensor, x_o: torch.Tensor, static, variant, side_stream,
-            stand_in: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            covering: StaticWorkItems) -> list[torch.Tensor]:
     """One forward's projections; ``variant``: None (no LoRA), one of :data:`VARIANTS`, or
-    "reference" (the torch path, in sequence)."""
+    "reference" (the torch path, in sequence). ``covering``: the batch's items with copy items
+    (the in-GEMM expand's)."""
     outs = []
     for layer in layers:
         for name, inp in (("qkv", x), ("o", x_o)):
@@ -88,8 +93,7 @@ def forward(layers: list[Layer], x: torch.Tensor, x_o: torch.Tensor, static, var
             if variant is None:
                 outs.append(base())
             elif variant == "in_gemm":
-                y = inp @ w_ext.T
-                outs.append(ops.lora_expand_static(stand_in[name], b, static, offsets, y[:, : w.shape[0]]))
+                outs.append(ops.lora_apply_static_in_gemm(inp, w_ext, None, w.shape[0], b, covering, offsets))
             else:
                 stream = side_stream if variant == "side" else None
                 impl = "torch" if variant == "reference" else "auto"
@@ -108,32 +112,36 @@ def graph_ms(fn, device: torch.device, replays: int, trials: int) -> list[float]
 
 def measure(layers, shapes, tokens: int, requests: int, share: float, mode: str, device, dtype, replays: int,
             trials: int, gen, side_stream) -> dict:
-    rank = layers[0].proj["o"][2].shape[1]
-    starts, lens, slots = segments(tokens, requests, share)
+    slots, rank = layers[0].proj["o"][2].shape[:2]
+    starts, lens, seg_slots = segments(tokens, requests, share)
     merged = MERGED if mode == "mixture" else None
-    items = mode_work_items(starts, lens, slots, [rank] * ADAPTERS, [2.0] * ADAPTERS, merged, device="cpu")
+    ranks = [rank] * ADAPTERS + [0] * (slots - ADAPTERS)  # pool slots past the adapters: empty
+    items = mode_work_items(starts, lens, seg_slots, ranks, [2.0] * slots, merged, device="cpu")
     m = tokens * requests
-    static = StaticWorkItems.allocate(capacity=max_mode_items(min(requests, ADAPTERS)), max_tokens=m,
-                                      num_slots=ADAPTERS, device=device, max_layers=MAX_MODE_LAYERS, paired=True)
+    static, covering = (
+        StaticWorkItems.allocate(capacity=max_mode_items(min(requests, slots)), max_tokens=m, num_slots=slots,
+                                 device=device, max_layers=MAX_MODE_LAYERS, paired=True, covers_tokens=covers)
+        for covers in (False, True)
+    )
     static.fill(items, m)
+    covering.fill(items, m)
     x = (torch.randn(m, shapes["hidden"], generator=gen) * 0.5).to(device, dtype)
     x_o = (torch.randn(m, shapes["hidden"], generator=gen) * 0.5).to(device, dtype)
-    stand_in = {name: torch.zeros(static.max_rows(m), len(shapes[name]) * rank, dtype=dtype, device=device)
-                for name in ("qkv", "o")}
-    row = {"tokens": tokens, "requests": requests, "share": share, "mode": mode, "items": items.num_items}
+    row = {"tokens": tokens, "requests": requests, "share": share, "mode": mode, "slots": slots,
+           "items": items.num_items}
 
     def run(variant) -> list[float]:
-        return graph_ms(lambda: forward(layers, x, x_o, static, variant, side_stream, stand_in), device, replays,
+        return graph_ms(lambda: forward(layers, x, x_o, static, variant, side_stream, covering), device, replays,
                         trials)
 
     row["base_ms"] = run(None)
     for variant in VARIANTS:
         row[f"{variant}_adds_ms"] = [v - b for v, b in zip(run(variant), row["base_ms"], strict=True)]
     # What is timed computes the LoRA: the kernels' deltas against the torch path's.
-    base = forward(layers, x, x_o, static, None, side_stream, stand_in)
-    reference = forward(layers, x, x_o, static, "reference", side_stream, stand_in)
-    for variant in ("side", "sequence"):
-        got = forward(layers, x, x_o, static, variant, side_stream, stand_in)
+    base = forward(layers, x, x_o, static, None, side_stream, covering)
+    reference = forward(layers, x, x_o, static, "reference", side_stream, covering)
+    for variant in VARIANTS:
+        got = forward(layers, x, x_o, static, variant, side_stream, covering)
         row[f"{variant}_rel_err"] = rel_err(got, reference, base)
     return row
 
@@ -162,6 +170,8 @@ def main() -> None:
     ap.add_argument("--replays", type=parse_positive, default=20)
     ap.add_argument("--trials", type=parse_positive, default=3)
     ap.add_argument("--rank", type=parse_positive, default=64)
+    ap.add_argument("--slots", type=parse_positive, default=ADAPTERS,
+                    help=f"LoRA pool slots (--max-loras-per-batch; at least the {ADAPTERS} adapters)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
@@ -174,7 +184,9 @@ def main() -> None:
     batches = [(min(t, 4), min(r, 4)) for t, r in args.batches[:2]] if args.smoke else args.batches
     gen = torch.Generator().manual_seed(0)
     slices = {"qkv": shapes["qkv"], "o": shapes["o"]}
-    layers = [Layer(shapes["hidden"], slices, rank, dtype, device, gen) for _ in range(shapes["layers"])]
+    if args.slots < ADAPTERS:
+        ap.error(f"--slots must be at least the {ADAPTERS} adapters")
+    layers = [Layer(shapes["hidden"], slices, rank, args.slots, dtype, device, gen) for _ in range(shapes["layers"])]
     side_stream = torch.cuda.Stream() if device.type == "cuda" else None
     rows = []
     print(f"{'tokens':>6} {'reqs':>4} {'mode':>8} {'base ms':>8} " + " ".join(f"{v + ' +':>10}" for v in VARIANTS))
@@ -185,12 +197,13 @@ def main() -> None:
             rows.append(row)
             print(f"{tokens:6d} {requests:4d} {mode:>8} {_median(row['base_ms']):8.3f} "
                   + " ".join(f"{_median(row[v + '_adds_ms']):10.3f}" for v in VARIANTS)
-                  + f"  err {max(row['side_rel_err'], row['sequence_rel_err']):.1e}", flush=True)
+                  + f"  err {max(row[v + '_rel_err'] for v in VARIANTS):.1e}", flush=True)
     what = ("ms one forward's 28 layers of q/k/v and o projections add over the same CUDA graph without LoRA: "
             "side (shrink beside the base GEMM on a side stream, then expand), sequence (both in sequence), "
-            "in_gemm (estimate: one GEMM over the base weight with every slot's A rows appended, then the "
-            "expand over a stand-in intermediate); lists hold one median per trial")
-    setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "shapes": shapes}
+            "in_gemm (one GEMM over the base weight with every pool slot's A rows appended, then the "
+            "expand into a new output); lists hold one median per trial")
+    setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "slots": args.slots,
+             "shapes": shapes}
     save_results("graph_step", what, setup, rows, args, device, plot)
 
 
@@ -203,7 +216,7 @@ def plot(rows: list[dict], device: str, path: Path) -> None:
     modes = sorted({r["mode"] for r in rows}, reverse=True)
     fig, axes = plt.subplots(1, len(modes), figsize=(4.6 * len(modes), 3.6), squeeze=False)
     labels = {"side": "shrink beside the GEMM (side stream)", "sequence": "shrink in sequence",
-              "in_gemm": "shrink in the GEMM (estimate)"}
+              "in_gemm": "shrink in the GEMM"}
     for ax, mode in zip(axes[0], modes, strict=True):
         own = [r for r in rows if r["mode"] == mode]
         ticks = list(range(len(own)))
