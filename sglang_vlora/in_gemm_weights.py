@@ -95,6 +95,8 @@ def attach(lora_manager, modules: dict[str, list], stacks: dict[str, torch.Tenso
             setattr(module, ATTR, InGemmWeights(weight=stack[i], bias=bias, out_features=out))
     if stacks:
         lora_manager.update_lora_info()
+        if next(iter(stacks.values())).is_cuda:
+            torch.cuda.empty_cache()  # the pool's old A buffers, before SGLang sizes the KV cache
         logger.info("LoRA shrink inside the base GEMM for %s (%s extra rows)", sorted(stacks),
                     {k: s.shape[1] - modules[k][0].base_layer.weight.shape[0] for k, s in stacks.items()})
     return sorted(stacks)

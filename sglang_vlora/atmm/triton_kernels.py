@@ -237,7 +237,7 @@ def _expand_kernel(
     is ``out`` (updated in place). Shrink in the base GEMM (IN_GEMM): ``inter`` is the GEMM's
     extra columns, one row per token, slot ``j``'s block at column ``j * stride_islot``;
     ``base`` is the GEMM's own columns and ``out`` a separate tensor that every token reaches
-    through some item (the copy items of the ``COPY_SLOT``, rank 0, add nothing); rows at
+    through some item (copy items, of the rank-0 copy slot, add nothing); rows at
     or past ``m_tokens`` (position padding past the graph's rows) are skipped."""
     pid = tl.program_id(0)
     tiles_per_m = NUM_SLICES * n_tiles
