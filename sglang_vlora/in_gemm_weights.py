@@ -57,7 +57,8 @@ def extra_rows(lora_manager, modules: dict[str, list], setting: str) -> dict[str
         base = [getattr(m, "base_layer", None) for m in layers]
         weights = [getattr(b, "weight", None) for b in base]
         if not all(
-            isinstance(w, torch.Tensor) and w.dim() == 2 and type(b.quant_method).__name__ == PLAIN_LINEAR
+            isinstance(w, torch.Tensor) and w.dim() == 2
+            and type(getattr(b, "quant_method", None)).__name__ == PLAIN_LINEAR
             and a.dim() == 3 and a.shape[2] == w.shape[1] and a.dtype == w.dtype and a.device == w.device
             for b, w, a in zip(base, weights, buffers, strict=True)
         ):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_vlora import in_gemm_weights
 from sglang_vlora.atmm.work_items import build_work_items
 from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.modes import mode_hooks
@@ -93,6 +94,49 @@ def test_weights_are_stacked_when_the_manager_is_built_and_switched_in_place():
             else:
                 want = originals[(name, i)].double() + expected_weight(manager, name, i, adapter)
                 torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-5)
+
+
+class UnquantizedLinearMethod:
+    """Stands in for SGLang's plain linear method (matched by class name)."""
+
+
+def test_shrink_in_gemm_puts_the_pool_rows_after_each_base_weight():
+    """--vlora-shrink-in-gemm on: each kind's stack holds the pool's A rows after every layer's
+    weight, the pool's buffers are views of them (same values), each layer gets its extended
+    weight, the LoRA layers are re-pointed once, and merges still fold in place. With "auto" on
+    a CPU, and for layers that are not plain linear ones, nothing is appended."""
+    for setting, plain, appended in (("auto", True, False), ("on", False, False), ("on", True, True)):
+        manager = fake_manager()
+        pointed: list[bool] = []
+        manager.update_lora_info = lambda pointed=pointed: pointed.append(True)
+        modules = [(n.rsplit(".", 1)[-1], i, m) for i, layer in enumerate(manager.lora_modules) for n, m in layer.items()]
+        for _, _, m in modules:
+            if plain:
+                m.base_layer.quant_method = UnquantizedLinearMethod()
+        pool_before = {k: [a.clone() for a in v] for k, v in manager.memory_pool.A_buffer.items()}
+        rt = VLoRARuntime(VLoRAConfig(shrink_in_gemm=setting))
+        mode_hooks.lora_manager_init_after(rt, None, manager)
+        ctl = rt.controller
+        assert manager.lora_backend.shrink_in_gemm == appended, setting
+        assert sorted(ctl.extended_stacks) == (["o_proj", "qkv_proj"] if appended else []), setting
+        assert pointed == ([True] if appended else [])
+        if not appended:
+            assert all(not hasattr(m, in_gemm_weights.ATTR) for _, _, m in modules)
+            continue
+        for name, i, m in modules:
+            stack, out = ctl.extended_stacks[name], m.base_layer.weight.shape[0]
+            pool = manager.memory_pool.A_buffer[name][i]
+            assert pool.data_ptr() == stack[i, out:].data_ptr() and torch.equal(pool, pool_before[name][i])
+            fused = getattr(m, in_gemm_weights.ATTR)
+            assert fused.out_features == out and fused.bias is None
+            assert torch.equal(fused.weight, torch.cat([m.base_layer.weight, pool.reshape(-1, D)]))
+        originals = {(name, i): m.base_layer.weight.detach().clone() for name, i, m in modules}
+        ctl.apply("merge", "b")
+        for name, i, m in modules:
+            want = originals[(name, i)].double() + expected_weight(manager, name, i, "b")
+            torch.testing.assert_close(m.base_layer.weight.double(), want, rtol=1e-5, atol=1e-5)
+            assert torch.equal(getattr(m, in_gemm_weights.ATTR).weight[: m.base_layer.weight.shape[0]],
+                               m.base_layer.weight)
 
 
 def test_modes_still_need_the_atmm_backend():
