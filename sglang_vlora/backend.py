@@ -364,23 +364,24 @@ class ATMMLoRABackend(BaseLoRABackend):
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
         if not plain or kwargs.get("pruned_batch_info") is not None:
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
+        slice_offsets = [int(o) for o in offsets]
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None and self.static_items.covers_tokens:
                 return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
-                                                     self.static_items, [int(o) for o in offsets], self.impl)
+                                                     self.static_items, slice_offsets, self.impl)
             # By the rows the graph runs (its captured size), not the batch's tokens.
             large_prefill = self.static_items is self.prefill_graph_items and x.shape[0] > SIDE_STREAM_MAX_TOKENS
             stream = None if large_prefill else self.side_stream
             return ops.lora_apply_static_with_base(
-                x, lora_a, lora_b, self.static_items, [int(o) for o in offsets], base_fn, stream, self.impl
+                x, lora_a, lora_b, self.static_items, slice_offsets, base_fn, stream, self.impl
             )
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
         output = base_fn()
         with _profile_range("vlora.eager_lora"):
-            return ops.lora_apply(x, lora_a, lora_b, self.work_items, [int(o) for o in offsets], output, self.impl)
+            return ops.lora_apply(x, lora_a, lora_b, self.work_items, slice_offsets, output, self.impl)
 
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:

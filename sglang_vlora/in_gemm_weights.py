@@ -12,9 +12,13 @@ keeps its own shrink kernel, see the same tensors as before.
 
 Eligible: tensor parallelism 1 (the A rows then see the whole input, as the base weight does),
 plain unquantized linear layers (SGLang's ``UnquantizedLinearMethod``: its GEMM is what the
-one over the extended weight replaces), a 3-D pool buffer per layer. With ``auto`` the kind
+one over the extended weight replaces; the extended GEMM is torch's ``F.linear``, that
+method's default path), a 3-D pool buffer per layer. Kinds left out are logged with the
+reason (a warning under ``on``). With ``auto`` the kind
 must also be on a GPU (only graph batches use the rows) and its appended rows at most
-:data:`AUTO_MAX_EXTRA_SHARE` of its own: every token pays for every slot's rows.
+:data:`AUTO_MAX_EXTRA_SHARE` of its own: every token pays for every slot's rows. The share is
+a guard, not a measured break-even: on the H200 the rows still paid off at a third of q/k/v's
+(8 slots, rank 64; docs/perf.md).
 """
 
 from __future__ import annotations
@@ -47,26 +51,34 @@ def extra_rows(lora_manager, modules: dict[str, list], setting: str) -> dict[str
     if setting == "off":
         return {}
     pool = lora_manager.memory_pool
-    if getattr(pool, "tp_size", 1) != 1 or getattr(lora_manager, "attn_tp_size", 1) != 1:
-        return {}
     rows: dict[str, int] = {}
+    skipped: dict[str, str] = {}
+    tp_one = getattr(pool, "tp_size", 1) == 1 and getattr(lora_manager, "attn_tp_size", 1) == 1
     for name, layers in modules.items():
         buffers = pool.A_buffer.get(name)
-        if not buffers or len(buffers) != len(layers):
-            continue
         base = [getattr(m, "base_layer", None) for m in layers]
         weights = [getattr(b, "weight", None) for b in base]
-        if not all(
+        if not tp_one:
+            skipped[name] = "tensor parallelism above 1"
+        elif not buffers or len(buffers) != len(layers) or not all(
             isinstance(w, torch.Tensor) and w.dim() == 2
             and type(getattr(b, "quant_method", None)).__name__ == PLAIN_LINEAR
             and a.dim() == 3 and a.shape[2] == w.shape[1] and a.dtype == w.dtype and a.device == w.device
             for b, w, a in zip(base, weights, buffers, strict=True)
         ):
-            continue
-        extra = buffers[0].shape[0] * buffers[0].shape[1]
-        if setting == "auto" and (weights[0].device.type != "cuda" or extra > AUTO_MAX_EXTRA_SHARE * weights[0].shape[0]):
-            continue
-        rows[name] = extra
+            skipped[name] = "not a plain unquantized linear layer with a 3-D pool buffer per layer"
+        else:
+            extra = buffers[0].shape[0] * buffers[0].shape[1]
+            if setting == "auto" and weights[0].device.type != "cuda":
+                skipped[name] = "not on a GPU"
+            elif setting == "auto" and extra > AUTO_MAX_EXTRA_SHARE * weights[0].shape[0]:
+                skipped[name] = f"{extra} appended rows exceed half of its {weights[0].shape[0]}"
+            else:
+                rows[name] = extra
+    if skipped:
+        # "on" asked for every kind: say which could not have it (their results are the same).
+        log = logger.warning if setting == "on" else logger.info
+        log("LoRA shrink kept apart from the base GEMM for %s", skipped)
     return rows
 
 

@@ -100,6 +100,21 @@ class UnquantizedLinearMethod:
     """Stands in for SGLang's plain linear method (matched by class name)."""
 
 
+def test_shrink_in_gemm_says_why_a_kind_keeps_its_shrink_apart(caplog):
+    manager = fake_manager()
+    modules = ModeController(manager).modules()
+    with caplog.at_level("WARNING", logger=in_gemm_weights.__name__):
+        assert in_gemm_weights.extra_rows(manager, modules, "on") == {}
+    assert "not a plain unquantized linear layer" in caplog.text and "qkv_proj" in caplog.text
+    manager.memory_pool.tp_size = 2
+    for module in (m for layer in manager.lora_modules for m in layer.values()):
+        module.base_layer.quant_method = UnquantizedLinearMethod()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=in_gemm_weights.__name__):
+        assert in_gemm_weights.extra_rows(manager, modules, "on") == {}
+    assert "tensor parallelism above 1" in caplog.text
+
+
 def test_shrink_in_gemm_puts_the_pool_rows_after_each_base_weight():
     """--vlora-shrink-in-gemm on: each kind's stack holds the pool's A rows after every layer's
     weight, the pool's buffers are views of them (same values), each layer gets its extended
