@@ -11,6 +11,11 @@ error messages. Only the standard library: nothing here imports SGLang or torch.
     ...
     stop(server)
 
+A port that is already taken is caught early: :func:`launch` checks it before starting, and
+:func:`wait_healthy` watches the log for the HTTP server's bind error. Without that a server
+that cannot bind its port waits out the whole start-up timeout: uvicorn logs the error and
+then hangs in the application's shutdown, while the scheduler and detokenizer keep running.
+
 Where the package is not installed (its source only on ``PYTHONPATH``, as on a benchmark
 machine), SGLang cannot find the plugin, which it looks up by entry point:
 :func:`entry_point_dir` writes a small ``dist-info`` that declares it, and :func:`server_env`
@@ -19,8 +24,10 @@ puts that folder on the server's ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import os
+import re
 import shlex
 import signal
 import socket
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +62,8 @@ class ServerProcess:
     name: str = "server"
     launched: float = field(default_factory=time.monotonic)
     ready_s: float | None = None
+    # bytes of the log already searched by :func:`start_failure` (each start-up line once)
+    _log_scanned: int = field(default=0, init=False, repr=False, compare=False)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -88,10 +98,56 @@ def server_command(
     return cmd + list(extra)
 
 
+def _last_value(args: Sequence[str], flag: str) -> str:
+    """The value of the last ``flag`` in ``args``: SGLang's parser keeps the last one, so
+    ``extra`` flags given after the defaults win."""
+    return args[len(args) - 1 - list(reversed(args)).index(flag) + 1]
+
+
+def host_port(command: Sequence[str]) -> tuple[str, int]:
+    """The host and port a :func:`server_command` binds."""
+    return _last_value(command, "--host"), int(_last_value(command, "--port"))
+
+
 def url_of(command: Sequence[str]) -> str:
     """The base URL a :func:`server_command` listens on."""
-    args = list(command)
-    return f"http://{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}"
+    host, port = host_port(command)
+    return f"http://{host}:{port}"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding ``host:port`` fails with "address already in use", tried the way the
+    server's HTTP listener (asyncio under uvicorn) binds: every address of ``host``, with
+    ``SO_REUSEADDR``, so a port left in TIME_WAIT by an earlier server counts as free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False  # an unknown host is for the server to report
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def port_in_use_reason(host: str, port: int) -> str:
+    return f"port {port} is already in use (the server cannot listen on {host}:{port})"
+
+
+def bind_failed(log_text: str, port: int) -> bool:
+    """Whether ``log_text`` holds the HTTP server's "address already in use" error for
+    ``port``, as asyncio words it under uvicorn: ``[Errno 98] error while attempting to bind
+    on address ('127.0.0.1', 30000): address already in use``. Only this exact error of
+    this port counts, so no other line of the log (or another port's error) misfires."""
+    pattern = (rf"\[Errno {errno.EADDRINUSE}\] error while attempting to bind on address "
+               rf"\('[^']*', {port}[,)]")
+    return re.search(pattern, log_text) is not None
 
 
 def plugin_installed() -> bool:
@@ -157,13 +213,41 @@ def healthy(server: ServerProcess) -> bool:
     return get_json(server.url + "/health", timeout_s=5)[0] == 200
 
 
+def _new_log_lines(server: ServerProcess) -> str:
+    """The complete lines the log gained since the last call (a line still being written
+    waits for the next one)."""
+    try:
+        with open(server.log_path, "rb") as log:
+            log.seek(server._log_scanned)
+            chunk = log.read()
+    except OSError:
+        return ""
+    end = chunk.rfind(b"\n") + 1
+    server._log_scanned += end
+    return chunk[:end].decode(errors="replace")
+
+
+def start_failure(server: ServerProcess) -> str | None:
+    """Why a starting server will never answer, as soon as that is known: its process
+    exited, or its HTTP server could not bind the port (the process then stays up, so
+    without this the caller would wait out its whole timeout); None while it may still
+    come up."""
+    if not server.alive():
+        return f"server exited with code {server.process.returncode} during start-up"
+    url = urllib.parse.urlsplit(server.url)
+    if url.port is not None and bind_failed(_new_log_lines(server), url.port):
+        return port_in_use_reason(url.hostname or "", url.port)
+    return None
+
+
 def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 1.0) -> str | None:
     """None once ``/health`` answers 200 within ``timeout_s`` of the launch; else why not
-    (the process exited, or the time ran out)."""
+    (the process exited, its port was already in use, or the time ran out)."""
     deadline = server.launched + timeout_s
     while True:
-        if not server.alive():
-            return f"server exited with code {server.process.returncode} during start-up"
+        reason = start_failure(server)
+        if reason is not None:
+            return reason
         if healthy(server):
             server.ready_s = round(time.monotonic() - server.launched, 1)
             return None
@@ -174,7 +258,12 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 1.0) -
 
 def launch(command: Sequence[str], log_path: Path, timeout_s: float, **kwargs) -> ServerProcess:
     """:func:`start` then :func:`wait_healthy`; a server that does not come up is stopped and
-    a RuntimeError carries the reason and its log tail."""
+    a RuntimeError carries the reason and its log tail. A port already in use now is refused
+    before anything starts: the server would only find out once its model is loaded (the
+    log watch of :func:`wait_healthy` still catches a port taken after this check)."""
+    host, port = host_port(command)
+    if port_in_use(host, port):
+        raise RuntimeError(f"{kwargs.get('name', 'server')}: {port_in_use_reason(host, port)}; not started")
     server = start(command, log_path, **kwargs)
     reason = wait_healthy(server, timeout_s)
     if reason is not None:
