@@ -129,8 +129,9 @@ def wait_all(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, s
     pending, failed = dict(servers), {}
     while pending:
         for name, srv in list(pending.items()):
-            if not srv.alive():
-                failed[name] = f"server exited with code {srv.process.returncode} during start-up"
+            reason = server_process.start_failure(srv)  # exited, or its port already taken
+            if reason is not None:
+                failed[name] = reason
             elif server_process.healthy(srv):
                 srv.ready_s = round(time.monotonic() - srv.launched, 1)
             elif time.monotonic() - srv.launched > timeout_s:
