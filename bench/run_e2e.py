@@ -70,7 +70,8 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     runs = report.load(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     combined = report.merged(runs, [_rel(p) for p in args.results])
-    runner.write_json(out.with_suffix(".json"), combined)
+    # Compact: the merged file repeats every call's results, which are kept indented apart.
+    runner.write_json(out.with_suffix(".json"), combined, indent=None)
     md = out.with_suffix(".md")
     md.write_text(report.markdown(runs))
     files = [out.with_suffix(".json"), md, *report.plots(runs, out)]

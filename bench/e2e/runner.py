@@ -61,9 +61,11 @@ def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed
     }
 
 
-def write_json(path: Path, report: dict[str, Any]) -> None:
+def write_json(path: Path, report: dict[str, Any], indent: int | None = 1) -> None:
+    """Write ``report`` through a temporary file; ``indent=None`` writes it compact."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str))
+    separators = (",", ":") if indent is None else None
+    tmp.write_text(json.dumps(report, indent=indent, separators=separators, default=str))
     tmp.replace(path)
 
 
