@@ -6,7 +6,12 @@
 Methods: ``merged`` (the base GEMM alone: adapter folded into W), ``atmm`` (ours:
 graph-safe ``lora_apply_static`` in decode, ``lora_apply`` in prefill),
 ``atmm_overlap`` (``lora_apply_static_with_base``: the shrink on a side stream next to
-the base GEMM, then the expand), ``atmm_cuda`` (the CUDA C++ implementation:
+the base GEMM, then the expand), ``atmm_in_gemm`` (``lora_apply_static_in_gemm``: one GEMM
+over the base weight with the cell's adapters' A rows appended as extra output rows, so it
+gives the base output and every adapter's shrink, then one expand writing base + LoRA into a
+new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the appended rows
+are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
+``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
 extension cannot be built), SGLang's
@@ -123,6 +128,10 @@ class Cell:
         )
         self.static = StaticWorkItems.allocate(max(8, self.adapters), self.tokens, self.adapters, dev)
         self.static.fill(self.items, self.tokens)
+        # atmm_in_gemm's items: the same, plus copy items over every token no adapter covers
+        self.covering = StaticWorkItems.allocate(max(8, self.adapters), self.tokens, self.adapters, dev,
+                                                 covers_tokens=True)
+        self.covering.fill(self.items, self.tokens)
         self.side = torch.cuda.Stream()
         self._bmm_index()
 
@@ -140,9 +149,31 @@ class Cell:
                 self.side,
             )
             return
+        if method == "atmm_in_gemm":  # the base GEMM is the op's own, into a new output
+            self.in_gemm(t)
+            return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
+
+    def w_ext(self, t: dict) -> torch.Tensor:
+        """The base weight with the adapters' A rows appended (made on first use, before any
+        capture: ``time_us`` runs every method twice first)."""
+        if "w_ext" not in t:
+            t["w_ext"] = torch.cat([t["w"], t["a"].reshape(-1, self.d_in)])
+        return t["w_ext"]
+
+    def in_gemm(self, t: dict) -> torch.Tensor:
+        return ops.lora_apply_static_in_gemm(
+            t["x"][: self.tokens], self.w_ext(t), None, self.offsets[-1], t["b"], self.covering, self.offsets
+        )
+
+    def lora_atmm_in_gemm(self, t: dict) -> None:
+        """For :meth:`rel_error`: adds the op's LoRA delta (its output minus its own GEMM's base
+        columns) to ``out``."""
+        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
+        base = torch.nn.functional.linear(x, self.w_ext(t))[:, : self.offsets[-1]]
+        out += self.in_gemm(t) - base
 
     def lora_atmm_overlap(self, t: dict) -> None:
         out = t["out"][: self.tokens]
@@ -322,7 +353,7 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_cuda", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_cuda", *peers, "bmm"]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 

@@ -1,0 +1,35 @@
+"""The kernel report's choice of ATMM entry point per cell, with and without the in-GEMM method."""
+
+from bench import report
+
+
+def _row(mode: str, tokens: int, extra: dict[str, float], shape: str = "proj") -> dict:
+    peers = {"sglang_triton": 90.0, "sglang_csgmv": 80.0, "bmm": 120.0}
+    errs = {m: 0.004 for m in extra}
+    return {"shape": shape, "mode": mode, "tokens": tokens, "rank": 64, "adapters": 1,
+            "extra_pct": {**extra, **peers}, "err": errs, "us": {"merged": 10.0}}
+
+
+def test_decode_targets_take_the_better_graph_safe_entry_point_when_the_in_gemm_method_ran():
+    old = _row("decode", 8, {"atmm": 50.0, "atmm_overlap": 40.0})
+    new = _row("decode", 8, {"atmm": 50.0, "atmm_overlap": 40.0, "atmm_in_gemm": 25.0})
+    prefill = _row("prefill", 4096, {"atmm": 15.0, "atmm_overlap": 30.0, "atmm_in_gemm": 8.0})
+    assert report._best_graph(old) == 40.0 and report._best_graph(new) == 25.0
+    assert report._best_triton(prefill) == 8.0
+    assert report._targets_met([old]).startswith("0 of 0 prefill cells and 0 of 1 decode cells")
+    assert report._targets_met([old, new, prefill]).startswith("1 of 1 prefill cells and 1 of 2 decode cells")
+
+
+def test_a_failed_in_gemm_cell_is_left_out_of_the_best_and_the_error():
+    row = _row("decode", 8, {"atmm": 50.0, "atmm_overlap": 40.0, "atmm_in_gemm": None})
+    row["err"]["atmm_in_gemm"] = "RuntimeError: out of memory"
+    assert report._best_graph(row) == 40.0
+    assert report._max_err([row]) == 0.004
+
+
+def test_the_rank64_table_shows_a_failed_cell_as_a_dash():
+    ok = _row("decode", 8, {"atmm": 50.0, "atmm_overlap": 40.0, "atmm_in_gemm": 25.0})
+    failed = _row("decode", 32, {"atmm": 50.0, "atmm_overlap": 45.0, "atmm_in_gemm": None})
+    lines = report.kernels_rank64({"rows": [ok]}, {"rows": [failed]}).splitlines()
+    assert "ATMM shrink in the GEMM %" in lines[0]
+    assert "| **25** |" in lines[2] and "| **45** | - |" in lines[3]
