@@ -222,7 +222,11 @@ KERNEL_METHODS = {
     "bmm": "padded bmm (dLoRA-like)",
 }
 PEERS = ("sglang_triton", "sglang_csgmv", "bmm")
-TARGET_PCT = {"prefill": 10.0, "decode": 30.0}  # the ATMM issue's targets; decode up to 32 tokens
+# The ATMM issue's targets: rank-64 prefill of 1k-8k tokens at most 20% (stretch 10%), decode up
+# to 32 tokens at most 30% (every rank).
+TARGET_PCT = {"prefill": 20.0, "decode": 30.0}
+PREFILL_STRETCH_PCT = 10.0
+PREFILL_TARGET_RANK = 64
 DECODE_TARGET_TOKENS = 32
 
 
@@ -272,8 +276,8 @@ def table_head(*columns: str) -> list[str]:
 def _span(values: Sequence[float], unit: str = "%") -> str:
     if not values:
         return "-"
-    low, high = min(values), max(values)
-    return f"{low:.0f}{unit}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}{unit}"
+    low, high = round(min(values)), round(max(values))  # ints: no "-0"
+    return f"{low}{unit}" if low == high else f"{low}{' to ' if low < 0 else '-'}{high}{unit}"
 
 
 def _shapes(rows: list[dict]) -> list[str]:
@@ -322,19 +326,27 @@ def kernels_summary(proj: dict, slices: dict) -> str:
         f"ATMM (the best of its Triton entry points) beats every peer in {beats} of {len(rows)} "
         f"measured cells (all ranks), and its bf16 error against fp32 is at most {err:.1e}. Over all "
         f"ranks, ATMM's prefill costs {_span(prefill)} and decode of the 4096x4096 projection "
-        f"{_span(proj_decode)}; the targets (at most {TARGET_PCT['prefill']:.0f}% in prefill and "
-        f"{TARGET_PCT['decode']:.0f}% in decode up to {DECODE_TARGET_TOKENS} tokens) are met in {met}. "
+        f"{_span(proj_decode)}; the targets (at most {TARGET_PCT['prefill']:.0f}% in rank-"
+        f"{PREFILL_TARGET_RANK} prefill, {TARGET_PCT['decode']:.0f}% in decode up to {DECODE_TARGET_TOKENS} "
+        f"tokens) are met in {met}. "
         f"The CUDA C++ implementation is slower than `lora_apply`'s Triton path in {cuda_slower} of "
         f"{len(with_cuda)} cells where it ran.",
     ]
     return "\n".join(lines)
 
 
+def _target_prefill(rows: list[dict]) -> list[float]:
+    """The best Triton entry point's extra in each prefill cell the prefill target is about."""
+    return [_best_triton(r) for r in rows if r["mode"] == "prefill" and r["rank"] == PREFILL_TARGET_RANK]
+
+
 def _targets_met(rows: list[dict]) -> str:
-    """'N of M prefill cells and K of L decode cells', with the target each mode has."""
-    prefill = [r for r in rows if r["mode"] == "prefill"]
+    """'N of M prefill cells (K at the stretch) and K of L decode cells', with the target each
+    mode has."""
+    prefill = _target_prefill(rows)
     decode = [r for r in rows if r["mode"] == "decode" and r["tokens"] <= DECODE_TARGET_TOKENS]
-    met_prefill = sum(_best_triton(r) <= TARGET_PCT["prefill"] for r in prefill)
+    met_prefill = sum(v <= TARGET_PCT["prefill"] for v in prefill)
+    stretch = sum(v <= PREFILL_STRETCH_PCT for v in prefill)
     met_decode = sum(_best_graph(r) <= TARGET_PCT["decode"] for r in decode)
     by_shape = ", ".join(
         f"{shape} {sum(_best_graph(r) <= TARGET_PCT['decode'] for r in decode if r['shape'] == shape)}"
@@ -342,7 +354,8 @@ def _targets_met(rows: list[dict]) -> str:
         for shape in _shapes(decode)
     )
     return (
-        f"{met_prefill} of {len(prefill)} prefill cells and {met_decode} of {len(decode)} decode cells "
+        f"{met_prefill} of {len(prefill)} prefill cells ({stretch} at the {PREFILL_STRETCH_PCT:.0f}% stretch) "
+        f"and {met_decode} of {len(decode)} decode cells "
         f"with the better graph-safe entry point ({by_shape})"
     )
 
@@ -387,7 +400,7 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
         return _span([min(r["extra_pct"][p] for p in PEERS) for r in proj_rows if r["mode"] == mode])
 
     err = _max_err(rows)
-    prefill = [_best_triton(r) for r in rows if r["mode"] == "prefill"]
+    prefill = _target_prefill(rows)
     small = [r for r in rows if r["mode"] == "decode" and r["tokens"] <= DECODE_TARGET_TOKENS]
     decode = []
     for shape in _shapes(small):
@@ -399,13 +412,15 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
     r64 = [r for r in proj_rows if r["rank"] == 64]
     lines = [
         f"Over ranks {ranks[0]}-{ranks[-1]} (proj): ATMM decode {span('atmm', 'decode')}, overlapped "
-        f"{span('atmm_overlap', 'decode')}, prefill {span('atmm', 'prefill')}; the best peer per cell: "
+        f"{span('atmm_overlap', 'decode')}, shrink in the GEMM {span('atmm_in_gemm', 'decode')}; prefill "
+        f"{span('atmm', 'prefill')}, shrink in the GEMM {span('atmm_in_gemm', 'prefill')}; the best peer per cell: "
         f"decode {best_peer('decode')}, prefill {best_peer('prefill')}. ATMM's bf16 error against fp32 "
         f"is at most {err:.4f} in every cell (`err` in the JSON).",
         "",
-        f"Targets: prefill (at most {TARGET_PCT['prefill']:.0f}%) is met in "
-        f"{sum(v <= TARGET_PCT['prefill'] for v in prefill)} of {len(prefill)} cells ({_span(prefill)} with the "
-        f"better Triton entry point). Decode (at most {TARGET_PCT['decode']:.0f}% up to "
+        f"Targets: rank-{PREFILL_TARGET_RANK} prefill (at most {TARGET_PCT['prefill']:.0f}%, stretch "
+        f"{PREFILL_STRETCH_PCT:.0f}%) is met in {sum(v <= TARGET_PCT['prefill'] for v in prefill)} of "
+        f"{len(prefill)} cells, the stretch in {sum(v <= PREFILL_STRETCH_PCT for v in prefill)} ({_span(prefill)} "
+        f"with the best Triton entry point). Decode (at most {TARGET_PCT['decode']:.0f}% up to "
         f"{DECODE_TARGET_TOKENS} tokens, the better graph-safe entry point, all ranks): {'; '.join(decode)}.",
         "",
         f"CUDA C++ (`atmm_cuda`) against `lora_apply`'s Triton path: slower in {len(with_cuda) - len(faster_cuda)} "

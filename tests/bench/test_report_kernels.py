@@ -16,8 +16,19 @@ def test_decode_targets_take_the_better_graph_safe_entry_point_when_the_in_gemm_
     prefill = _row("prefill", 4096, {"atmm": 15.0, "atmm_overlap": 30.0, "atmm_in_gemm": 8.0})
     assert report._best_graph(old) == 40.0 and report._best_graph(new) == 25.0
     assert report._best_triton(prefill) == 8.0
-    assert report._targets_met([old]).startswith("0 of 0 prefill cells and 0 of 1 decode cells")
-    assert report._targets_met([old, new, prefill]).startswith("1 of 1 prefill cells and 1 of 2 decode cells")
+    assert report._targets_met([old]).startswith("0 of 0 prefill cells (0 at the 10% stretch) and 0 of 1 decode")
+    assert report._targets_met([old, new, prefill]).startswith(
+        "1 of 1 prefill cells (1 at the 10% stretch) and 1 of 2 decode cells"
+    )
+
+
+def test_the_prefill_target_is_20_percent_at_rank_64_with_a_10_percent_stretch():
+    at_target = _row("prefill", 4096, {"atmm": 25.0, "atmm_overlap": 30.0, "atmm_in_gemm": 19.5})
+    above = _row("prefill", 1024, {"atmm": 21.0, "atmm_overlap": 30.0, "atmm_in_gemm": 24.0})
+    other_rank = {**_row("prefill", 4096, {"atmm": 5.0, "atmm_overlap": 6.0}), "rank": 8}
+    assert report._targets_met([at_target, above, other_rank]).startswith(
+        "1 of 2 prefill cells (0 at the 10% stretch)"
+    )
 
 
 def test_a_failed_in_gemm_cell_is_left_out_of_the_best_and_the_error():
