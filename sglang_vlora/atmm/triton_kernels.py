@@ -241,7 +241,10 @@ def _expand_kernel(
     or past ``m_tokens`` (position padding past the graph's rows) are skipped."""
     pid = tl.program_id(0)
     tiles_per_m = NUM_SLICES * n_tiles
-    s = (pid % tiles_per_m) // n_tiles
+    if NUM_SLICES == 1:
+        s = 0  # static: the slice's inter columns start at the slot block (aligned, vector loads)
+    else:
+        s = (pid % tiles_per_m) // n_tiles
     pid_n = pid % n_tiles
     item, pid_m, seg_len = _find_tile(
         pid // tiles_per_m, seg_lens_ptr, layers_ptr, layer, partners_ptr, n_items, CAP, BLOCK_M, CHECK_LAYER,
@@ -249,14 +252,11 @@ def _expand_kernel(
     )
     if item >= n_items:
         return
-    # Slice bounds from the static offsets: slice s covers output columns [lo, hi).
+    # Slice bounds from the static offsets: slice s covers output columns [lo, lo + width).
     lo = tl.where(s == 0, off0, tl.where(s == 1, off1, off2))
-    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, off3))
-    if pid_n * BLOCK_N >= hi - lo:
+    width = tl.where(s == 0, off1, tl.where(s == 1, off2, off3)) - lo
+    if pid_n * BLOCK_N >= width:
         return
-    if ALIGNED:  # every slice offset is a multiple of 16: vector access of the output
-        lo = tl.multiple_of(lo, 16)
-        hi = tl.multiple_of(hi, 16)
     if not IN_GEMM:
         # Only the copy items of the shrink-in-GEMM layout have rank 0: nothing to add here.
         if tl.load(ranks_ptr + tl.load(slots_ptr + item)) == 0:
@@ -268,8 +268,13 @@ def _expand_kernel(
     if IN_GEMM:
         m_mask = m_mask & (tokens < m_tokens)
         rows = tokens
-    offs_n = lo + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < hi
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = lo + cols
+    if ALIGNED:  # every slice offset is a multiple of 16: vector access of the output. The hints go
+        # on the derived values: tl.multiple_of on a kernel argument (lo = off0 with one slice) is lost.
+        offs_n = tl.multiple_of(offs_n, 16)
+        width = tl.multiple_of(width, 16)
+    n_mask = cols < width
     acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, item, rows, s, offs_n, m_mask, n_mask, stride_im,
                        stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = acc * tl.load(scales_ptr + item)
