@@ -441,6 +441,20 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
     return "\n".join(lines)
 
 
+
+@block("in-gemm-parts", "in_gemm_parts_h200.json")
+def in_gemm_parts(parts: dict) -> str:
+    """docs/atmm.md: the shrink-in-GEMM op's time by part (bench/in_gemm_parts.py), % of the base GEMM."""
+    lines = table_head("cell (tokens x adapters)", "rank", "appended columns %", "expand %", "whole op %",
+                       "plain copy of the base columns %", "expand / copy")
+    for r in parts["rows"]:
+        p = r["parts"]
+        lines.append(
+            f"| {r['shape']} {r['mode']} {r['tokens']}x{r['adapters']} | {r['rank']} | {p['appended_columns_pct']:.1f} | "
+            f"{p['expand_pct']:.1f} | {p['in_gemm_pct']:.1f} | {p['copy_floor_pct']:.1f} | {p['expand_over_copy']:.2f} |"
+        )
+    return "\n".join(lines)
+
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
 
 SWITCH_LAYOUTS = {"qkvo": "q,k,v,o 4096x4096", "all": "all 7 projections (+MLP 11008)"}
