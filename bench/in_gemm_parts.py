@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import provenance  # noqa: E402
 from bench.kernels import Cell  # noqa: E402
+from bench.mode_cost import parse_positive  # noqa: E402
 from sglang_vlora.atmm import in_gemm, ops  # noqa: E402
 from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 
@@ -144,8 +145,8 @@ def plot(rows: list[dict], device: str, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", nargs="+", type=int, default=[64])
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--ranks", nargs="+", type=parse_positive, default=[64])
+    ap.add_argument("--iters", type=parse_positive, default=30)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--tag", default="in_gemm_parts")
     args = ap.parse_args()

@@ -20,3 +20,11 @@ def test_the_copy_reference_copies_a_row_strided_view():
     dst = torch.empty(70, 130)
     in_gemm_parts.copy_columns(src[:, :130], dst)
     assert torch.equal(dst, src[:, :130])
+
+
+def test_bad_counts_are_refused_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["in_gemm_parts.py", "--iters", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        in_gemm_parts.main()
+    assert exit_info.value.code == 2
+    assert "must be >= 1, got 0" in capsys.readouterr().err
