@@ -33,6 +33,19 @@ Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
   says). Under Algorithm 1's admission the requests held back while merged count in line 5
   and can take the top adapter's majority away although it still has the most requests.
 
+Entering a merge also needs the adapter to be *popular*: more than half of the latest
+arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
+``POPULARITY_WINDOW`` of :mod:`sglang_vlora.orchestrator.runtime`). Line 5 counts the
+requests in flight, and at light load they are one or two: "more than half of MaxBS on one
+adapter" then holds for every lone request, whatever the popularity, and with uniform
+popularity the weights followed each request's adapter (an H200 run merged 71% of its
+iterations at derived MaxBS 1 with 76 switches and was slower than unmerged; docs/orchestrator.md).
+Merging pays off for an adapter that keeps most of the traffic (paper §4.3), and that is
+what the arrivals tell. An adapter already merged needs no such check (no switch is made),
+and with ``keep_merged`` "plurality" a popular merged adapter also stays while a lone
+request of another adapter runs beside it in mixture. Without a history (an empty
+``recent_arrivals``) the check is skipped: Algorithm 1 as written.
+
 Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
 
 * running requests hold KV cache and are **never paused**: every batch runs all of them,
@@ -87,6 +100,8 @@ STARVING = "starving"  # the top adapter has more than half of max batch, but ov
 KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch budget kept the current ones
 KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
 KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
+NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most half of the recent arrivals
+KEPT_POPULAR = "kept_popular"  # another adapter leads in flight; keep_merged "plurality" keeps a popular merged one
 # The comparison policies (baselines.py):
 SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
 DRAIN_MERGED = "drain_merged"  # another adapter wanted: the current weights finish their running requests
@@ -102,6 +117,8 @@ DECISION_REASONS = (
     KEPT_SWITCH_BUDGET,
     KEPT_NO_SLOT,
     KEPT_PLURALITY,
+    NOT_POPULAR,
+    KEPT_POPULAR,
     SERVE_ONE_ADAPTER,
     DRAIN_MERGED,
     DRAIN_UNMERGED,
@@ -293,6 +310,12 @@ def majority_reason(state: SchedulerState, config: PolicyConfig, top_requests: S
     return BELOW_MAX_BATCH
 
 
+def popular(state: SchedulerState, adapter: str) -> bool:
+    """Whether ``adapter`` has more than half of the recent arrivals (True without a history)."""
+    share = state.arrival_share(adapter)
+    return share is None or share > 0.5
+
+
 def runs_without_mixture(requests: Iterable[Request], adapter: str | None) -> bool:
     """Whether weights with ``adapter`` merged (None: clean) run ``requests`` without mixture."""
     return adapter is None or all(r.adapter == adapter for r in requests)
@@ -383,18 +406,24 @@ class VLoRAPolicy(SchedulingPolicy):
 
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
-        if top is not None and merge_condition(self.config, starving, top_requests):
-            # Lines 6-12: merge top.
+        line5 = top is not None and merge_condition(self.config, starving, top_requests)
+        if line5 and (top == state.merged or popular(state, top)):
+            # Lines 6-12: merge top (entering a merge needs top to be popular: module docstring).
             adapter, order, reason = top, self.merged_order(state, starving, top_requests), MERGE
         elif self.keeps_plurality(state, starving, top):
-            # keep_merged "plurality": line 5 failed, but the merged adapter is still the top
-            # one and at most half of max batch starve; it stays, admitting as a merge does.
-            adapter, order, reason = top, self.merged_order(state, starving, top_requests), KEPT_PLURALITY
+            # keep_merged "plurality": line 5 failed (or another adapter leads in flight, not
+            # popular enough to take the weights), but the merged adapter is the top one or
+            # popular, and at most half of max batch starve; it stays, admitting as a merge does.
+            merged = state.merged
+            adapter = merged
+            order = self.merged_order(state, starving, [r for r in state.requests if r.adapter == merged])
+            reason = KEPT_PLURALITY if top == merged else KEPT_POPULAR
         else:
             # Lines 13-15: unmerge; the starving first, then everyone. When line 5's second
-            # half holds, its first failed: more than half of max batch starve.
+            # half holds, its first failed (more than half of max batch starve), or top is
+            # not popular.
             adapter, order = None, starving_first(starving, state.requests, state)
-            reason = majority_reason(state, self.config, top_requests) or STARVING
+            reason = NOT_POPULAR if line5 else majority_reason(state, self.config, top_requests) or STARVING
         # Other weights wanted: the current ones stay when the adapter to merge finds no pool
         # slot, or when switching now would exceed the switch budget (they serve the same
         # admissions: mixture serves any request).
@@ -417,12 +446,14 @@ class VLoRAPolicy(SchedulingPolicy):
         return order
 
     def keeps_plurality(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
-        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails: an
-        adapter is merged, it is still the most requested (``top``), and at most half of max
-        batch starve. It never enters a merge."""
+        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails for
+        them: an adapter is merged, it is still the most requested (``top``) or it is popular
+        (more than half of the recent arrivals, with a history), and at most half of max batch
+        starve. It never enters a merge."""
+        merged = state.merged
         return (
             self.config.keep_merged == "plurality"
-            and state.merged is not None
-            and top == state.merged
+            and merged is not None
+            and (top == merged or (bool(state.recent_arrivals) and popular(state, merged)))
             and 2 * len(starving) <= self.config.max_batch
         )

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 from sglang_vlora.config import VLoRAConfig
@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BASE_LABEL = "base"  # queue label of requests without an adapter
+# Arrivals whose adapters tell the policy which adapter is popular (SchedulerState.recent_arrivals):
+# at a top share of 0.7 (Zipf 2 over 4 adapters) a share above one half holds with about 99%
+# probability over 32 arrivals, at 0.25 (uniform) with less than 0.1%.
+POPULARITY_WINDOW = 32
 
 
 class OrchestratorMetrics:
@@ -113,6 +117,7 @@ class Orchestrator:
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
         self._arrival: dict[str, float] = {}
+        self._recent_arrivals: deque[str | None] = deque(maxlen=POPULARITY_WINDOW)  # adapters, oldest first
         self._admitted: set[str] = set()  # requests in flight the policy has admitted (their wait is recorded)
         self.admission_waits = AdmissionWaits()
         self._first_run: dict[str, float] = {}
@@ -205,6 +210,8 @@ class Orchestrator:
             self._policy_inputs = inputs
         arrival = {}
         for req in (*running, *waiting):
+            if req.rid not in self._arrival:
+                self._recent_arrivals.append(req.lora_id)
             arrival[req.rid] = self._arrival.get(req.rid, now)
         self._arrival = arrival
         state = SchedulerState(
@@ -215,6 +222,7 @@ class Orchestrator:
             merged=self.controller.merged_uid,
             ranks={uid: int(lora.config.r) for uid, lora in self.lora_manager.loras.items()},
             last_switch=self._last_switch,
+            recent_arrivals=tuple(self._recent_arrivals),
         )
         decision = self._policy.decide(state)
         self._report_queue(dict(Counter(self._name(r.adapter) for r in state.requests)))
@@ -356,6 +364,17 @@ class Orchestrator:
         ref = self.lora_manager.lora_refs.get(uid)
         return ref.lora_name if ref is not None else uid
 
+    def _arrival_shares(self) -> dict[str, Any]:
+        """Each adapter's share of the last ``POPULARITY_WINDOW`` arrivals (entering a merge
+        needs more than half)."""
+        counts = Counter(self._name(uid) for uid in self._recent_arrivals)
+        total = len(self._recent_arrivals)
+        return {
+            "window": POPULARITY_WINDOW,
+            "arrivals": total,
+            "shares": {name: count / total for name, count in sorted(counts.items())},
+        }
+
     def _adapter_names(self) -> list[str]:
         return [ref.lora_name for ref in self.lora_manager.lora_refs.values()]
 
@@ -373,6 +392,7 @@ class Orchestrator:
             "theta_source": theta_source,
             "max_batch": max_batch,
             "max_batch_source": max_batch_source,
+            "arrival_shares": self._arrival_shares(),
             "iterations": {mode.value: self.iterations.get(mode.value, 0) for mode in Mode},
             "decisions": {mode.value: self.decisions.get(mode.value, 0) for mode in Mode},
             "decision_reasons": {reason: self.decision_reasons.get(reason, 0) for reason in DECISION_REASONS},

@@ -70,7 +70,9 @@ class SchedulerState:
     from the iteration count, or broadcast it); the policy never reads a clock.
     ``ranks`` maps every adapter that may be merged to its LoRA rank (switch costs).
     ``last_switch`` is when the weights last changed (same clock as ``now``; None: never),
-    for the switch budget.
+    for the switch budget. ``recent_arrivals`` holds the adapters of the latest arriving
+    requests, oldest first (``None`` for the base model; empty: no history known), from
+    which a policy reads an adapter's popularity beyond the requests in flight.
 
     ``running`` requests hold KV cache and are never paused: every decision runs them.
     """
@@ -82,6 +84,7 @@ class SchedulerState:
     merged: str | None
     ranks: Mapping[str, int] = field(default_factory=dict)
     last_switch: float | None = None
+    recent_arrivals: Sequence[str | None] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # accept "merge" etc. from the glue
@@ -101,6 +104,12 @@ class SchedulerState:
     @property
     def requests(self) -> tuple[Request, ...]:
         return (*self.running, *self.waiting)
+
+    def arrival_share(self, adapter: str) -> float | None:
+        """``adapter``'s share of :attr:`recent_arrivals`; None when there are none."""
+        if not self.recent_arrivals:
+            return None
+        return sum(a == adapter for a in self.recent_arrivals) / len(self.recent_arrivals)
 
 
 @dataclass(frozen=True)

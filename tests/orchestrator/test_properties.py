@@ -23,6 +23,7 @@ from sglang_vlora.orchestrator import (
 from sglang_vlora.orchestrator import policy as reasons
 from sglang_vlora.orchestrator.cost_model import SCHEMA
 from sglang_vlora.orchestrator.policy import ADMISSIONS, KEEP_MERGED
+from sglang_vlora.orchestrator.runtime import POPULARITY_WINDOW
 from tests.orchestrator.builders import RANKS, cost_model, req, running
 from tests.orchestrator.builders import state as hand_built
 
@@ -65,9 +66,10 @@ def requests(draw, rid: str, now: float, adapters: list[str | None]) -> Request:
 
 
 @st.composite
-def states(draw, switched: bool = False) -> SchedulerState:
+def states(draw, switched: bool = False, history: bool = False) -> SchedulerState:
     """Few adapters per state, so that one often dominates; waits comparable to theta.
-    ``switched``: the weights may have changed recently (the switch budget applies)."""
+    ``switched``: the weights may have changed recently (the switch budget applies);
+    ``history``: recent arrivals (popularity) may be known."""
     now = draw(st.floats(0.0, 10.0))
     adapters = draw(st.lists(st.sampled_from(ADAPTERS), min_size=1, max_size=4, unique=True))
     count = draw(st.integers(0, 20))
@@ -83,6 +85,7 @@ def states(draw, switched: bool = False) -> SchedulerState:
         merged,
         RANKS,
         last_switch=draw(st.none() | st.floats(now - 0.5, now)) if switched else None,
+        recent_arrivals=tuple(draw(st.lists(st.sampled_from(adapters), max_size=32))) if history else (),
     )
 
 
@@ -217,33 +220,45 @@ A_PLURALITY = hand_built(
 
 
 @settings(max_examples=200, deadline=None)
-@given(state=states(switched=True), config=configs, cost=cost_models())
+@given(state=states(switched=True, history=True), config=configs, cost=cost_models())
 @example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="plurality"), cost=cost_model())
 @example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="majority"), cost=cost_model())
 def test_vlora_reasons_name_what_decided(state, config, cost):
-    """The reason is the condition that decided: which half of line 5 failed, that
-    keep_merged "plurality" kept the merged adapter (still the most requested, at most half
-    of max batch starving), or that the slots or the switch budget kept the current weights
-    (then they are kept)."""
+    """The reason is the condition that decided: which half of line 5 failed, that the top
+    adapter is not popular (at most half of the recent arrivals, entering a merge), that
+    keep_merged "plurality" kept the merged adapter (still the most requested, or popular;
+    at most half of max batch starving), or that the slots or the switch budget kept the
+    current weights (then they are kept)."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
         return
     counts = {a: sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None}
     twice_top, twice_starving = 2 * max(counts.values()), 2 * len(decision.starving)
     in_flight, max_batch = len(state.requests), config.max_batch
+    arrivals = state.recent_arrivals
+
+    def popular(adapter: str) -> bool:
+        return not arrivals or 2 * sum(a == adapter for a in arrivals) > len(arrivals)
+
     line_5 = twice_top > max_batch and twice_starving <= max_batch
     merged_is_top = state.merged is not None and 0 < counts[state.merged] == max(counts.values())
-    keeps = config.keep_merged == "plurality" and merged_is_top and twice_starving <= max_batch
+    # The top adapter (ties: the merged one, then by name) as Algorithm 1 picks it.
+    top = state.merged if merged_is_top else min(a for a, n in counts.items() if 2 * n == twice_top)
+    enters = line_5 and (top == state.merged or popular(top))
+    merged_popular = state.merged is not None and bool(arrivals) and popular(state.merged)
+    keeps = config.keep_merged == "plurality" and (merged_is_top or merged_popular) and twice_starving <= max_batch
     event(f"{config.keep_merged}: reason {decision.reason}")
-    assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and not line_5)
-    if decision.reason == reasons.KEPT_PLURALITY:
+    assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and merged_is_top and not enters)
+    assert (decision.reason == reasons.KEPT_POPULAR) == (keeps and not merged_is_top and not enters)
+    if decision.reason in (reasons.KEPT_PLURALITY, reasons.KEPT_POPULAR):
         assert decision.adapter == state.merged
         return
     if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
         assert decision.adapter == state.merged
         return
     assert (decision.reason == reasons.MERGE) == (decision.adapter is not None)
-    assert (decision.reason == reasons.MERGE) == line_5
+    assert (decision.reason == reasons.MERGE) == enters
+    assert (decision.reason == reasons.NOT_POPULAR) == (line_5 and not enters)
     assert (decision.reason == reasons.NO_ADAPTER) == (twice_top == 0)
     if decision.reason == reasons.NO_MAJORITY:
         assert 0 < twice_top <= min(in_flight, max_batch)
@@ -252,7 +267,8 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
     if decision.reason == reasons.STARVING:
         assert twice_top > max_batch and twice_starving > max_batch
     assert decision.reason in (
-        reasons.MERGE, reasons.NO_ADAPTER, reasons.NO_MAJORITY, reasons.BELOW_MAX_BATCH, reasons.STARVING
+        reasons.MERGE, reasons.NOT_POPULAR, reasons.NO_ADAPTER, reasons.NO_MAJORITY, reasons.BELOW_MAX_BATCH,
+        reasons.STARVING,
     )
 
 
@@ -338,6 +354,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
     started: set[str] = set()
     finished: dict[str, int] = {}
     mode, merged, last_switch = Mode.UNMERGE, None, None
+    recent: list[str | None] = []  # the adapters of the arrivals so far, as the server keeps them
     last_arrival = max(step for step, *_ in arrivals)
     total_work = sum(out for _, _, _, out, _ in arrivals)
     for k in range(last_arrival + math.ceil(config.theta / dt) + total_work + 1):
@@ -345,6 +362,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
         for rid, (step, adapter, prompt, out, slo) in list(pending.items()):
             if step == k:
                 live[rid] = Request(rid, adapter, step * dt, prompt, out, slo=slo)
+                recent.append(adapter)
                 del pending[rid]
         state = SchedulerState(
             now,
@@ -354,6 +372,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
             merged,
             RANKS,
             last_switch=last_switch,
+            recent_arrivals=tuple(recent[-POPULARITY_WINDOW:]),
         )
         decision = policy.decide(state)
         overdue = {r.rid for r in live.values() if now - r.arrival > config.theta}

@@ -147,6 +147,11 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
+    # popularity: the adapters of the last 32 requests to arrive (base-model ones as "base")
+    arrivals = report["arrival_shares"]
+    assert arrivals["window"] == 32 and 0 < arrivals["arrivals"] <= 32
+    assert set(arrivals["shares"]) <= {*ALL, "base"}
+    assert sum(arrivals["shares"].values()) == pytest.approx(1.0)
 
 
 def test_metrics_carry_modes_switches_and_queues(orchestrated):

@@ -1,0 +1,116 @@
+"""Entering a merge needs a popular adapter: more than half of the recent arrivals.
+
+At light load line 5 counts one or two requests in flight, so "more than half of MaxBS on
+one adapter" holds for every lone request; the recent arrivals say whether the adapter keeps
+the traffic. Costs come from ``builders.MEASURED``; theta 0.6 s, nothing starves here.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from sglang_vlora.orchestrator import Decision, Mode, PolicyConfig, SchedulerState, make_policy
+from sglang_vlora.orchestrator.policy import (
+    KEPT_PLURALITY,
+    KEPT_POPULAR,
+    MERGE,
+    NO_MAJORITY,
+    NOT_POPULAR,
+    popular,
+)
+from tests.orchestrator.builders import cost_model, req, running, state
+
+THETA = 0.6
+NOW = 1.0
+UNIFORM = ("a", "b", "c", "d") * 8  # 32 arrivals, a quarter each
+SKEWED = ("a",) * 22 + ("b", "c", "d") * 3 + ("a",)  # a: 23 of 32
+
+
+def decide(current: SchedulerState, max_batch: int = 1, keep_merged: str = "plurality") -> Decision:
+    config = PolicyConfig(THETA, max_batch, admission="all", keep_merged=keep_merged)
+    return make_policy("vlora", config, cost_model()).decide(current)
+
+
+def lone(adapter: str, arrivals: tuple[str | None, ...], merged: str | None = None) -> SchedulerState:
+    """One request of ``adapter`` waiting, nothing running, the weights as ``merged`` says."""
+    current = state(NOW, [req("r1", adapter, NOW)], (), Mode.UNMERGE if merged is None else Mode.MERGE, merged)
+    return replace(current, recent_arrivals=arrivals)
+
+
+def test_share_is_over_all_recent_arrivals_base_model_included():
+    current = lone("a", ("a", "a", None, "b"))
+    assert current.arrival_share("a") == 0.5 and current.arrival_share("b") == 0.25
+    assert not popular(current, "a")
+    assert popular(replace(current, recent_arrivals=("a", "a", None)), "a")
+    assert lone("a", ()).arrival_share("a") is None and popular(lone("a", ()), "a")
+
+
+def test_lone_request_of_an_unpopular_adapter_runs_unmerged():
+    """Uniform popularity at MaxBS 1: line 5 holds for b's lone request, b is not popular."""
+    decision = decide(lone("b", UNIFORM))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.UNMERGE, None, NOT_POPULAR)
+    assert decision.admit == ("r1",)
+
+
+def test_lone_request_of_a_popular_adapter_is_merged():
+    decision = decide(lone("a", SKEWED))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "a", MERGE)
+
+
+def test_without_a_history_algorithm_1_merges_the_lone_request():
+    decision = decide(lone("b", ()))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "b", MERGE)
+
+
+@pytest.mark.parametrize("keep_merged", ["majority", "plurality"])
+def test_an_unpopular_adapter_already_merged_stays_while_line_5_holds(keep_merged):
+    """No switch to justify: line 5 holds for the merged adapter, so it stays merged."""
+    decision = decide(lone("b", UNIFORM, merged="b"), keep_merged=keep_merged)
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "b", MERGE)
+
+
+def test_unpopular_merged_adapter_lets_go_of_another_adapters_lone_request():
+    """Uniform: c merged, b's lone request: neither popular, the weights unmerge."""
+    decision = decide(lone("b", UNIFORM, merged="c"))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.UNMERGE, None, NOT_POPULAR)
+
+
+def test_popular_merged_adapter_stays_for_another_adapters_lone_request():
+    """Skewed: a merged and popular; b's lone request runs beside it in mixture (no switch)."""
+    decision = decide(lone("b", SKEWED, merged="a"))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
+    assert decision.admit == ("r1",)
+
+
+def test_popular_merged_adapter_is_not_kept_under_the_papers_rule():
+    """keep_merged "majority" checks line 5 every iteration: b's lone request (not popular)
+    does not take the weights either, so they unmerge."""
+    decision = decide(lone("b", SKEWED, merged="a"), keep_merged="majority")
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.UNMERGE, None, NOT_POPULAR)
+
+
+def test_a_popular_adapter_takes_the_weights_from_an_unpopular_merged_one():
+    decision = decide(lone("a", SKEWED, merged="c"))
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "a", MERGE)
+
+
+def test_popular_merged_adapter_admits_its_own_requests_first():
+    """a merged and popular, b leads in flight (2 running, a has 1 waiting): kept, and with
+    admission "all" a's request comes before the others' in the batch order."""
+    busy = [running("b1", "b", NOW), running("b2", "b", NOW)]
+    waiting = [req("c1", "c", NOW), req("a1", "a", NOW)]
+    current = replace(state(NOW, waiting, busy, Mode.MIXTURE, "a"), recent_arrivals=SKEWED)
+    decision = decide(current, max_batch=8)
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
+    assert decision.admit == ("a1", "c1")
+
+
+def test_popularity_does_not_change_a_kept_plurality():
+    """The merged adapter is still the top one in flight: kept as before, popular or not."""
+    busy = [running("a1", "a", NOW), running("a2", "a", NOW), running("b1", "b", NOW)]
+    waiting = [req("c1", "c", NOW), req("d1", "d", NOW)]
+    current = replace(state(NOW, waiting, busy, Mode.MIXTURE, "a"), recent_arrivals=UNIFORM)
+    decision = decide(current, max_batch=8)
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_PLURALITY)
+    unmerged = decide(replace(current, merged=None, mode=Mode.UNMERGE), max_batch=8)
+    assert (unmerged.adapter, unmerged.reason) == (None, NO_MAJORITY)
