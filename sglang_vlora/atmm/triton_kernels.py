@@ -21,6 +21,7 @@ here take tile configs and raw tensors; choosing the config is
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -230,6 +231,7 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    K_GROUP: tl.constexpr,
 ):
     """``out[tokens] = base[tokens] + scale * inter @ B.T`` per item, slice and column tile.
 
@@ -238,7 +240,8 @@ def _expand_kernel(
     extra columns, one row per token, slot ``j``'s block at column ``j * stride_islot``;
     ``base`` is the GEMM's own columns and ``out`` a separate tensor that every token reaches
     through some item (copy items, of the rank-0 copy slot, add nothing); rows at
-    or past ``m_tokens`` (position padding past the graph's rows) are skipped."""
+    or past ``m_tokens`` (position padding past the graph's rows) are skipped. K_GROUP: how
+    the partial K tile of a rank is loaded (:func:`_expand_tail`)."""
     pid = tl.program_id(0)
     tiles_per_m = NUM_SLICES * n_tiles
     if NUM_SLICES == 1:
@@ -276,7 +279,7 @@ def _expand_kernel(
         width = tl.multiple_of(width, 16)
     n_mask = cols < width
     acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, item, rows, s, offs_n, m_mask, n_mask, stride_im,
-                       stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K)
+                       stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, K_GROUP)
     acc = acc * tl.load(scales_ptr + item)
     if PAIRED:
         # The absorbed item over this item's tokens: its rows at the same offset into its segment
@@ -290,7 +293,7 @@ def _expand_kernel(
                 p_rows = (offset + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             p_acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, partner, p_rows, s, offs_n, m_mask,
                                  n_mask, stride_im, stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M,
-                                 BLOCK_N, BLOCK_K)
+                                 BLOCK_N, BLOCK_K, K_GROUP)
             acc += p_acc * tl.load(scales_ptr + partner)
 
     out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
@@ -321,6 +324,7 @@ def _expand_item(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    K_GROUP: tl.constexpr,
 ):
     """Unscaled ``inter[rows, slot block + s*r:(s+1)*r] @ B[slot, offs_n, :r].T`` of one item,
     fp32 (the slot block is at ``slot * stride_islot``: 0 for a separate shrink's rows)."""
@@ -331,29 +335,46 @@ def _expand_item(
               + (s * rank + offs_k)[None, :] * stride_ik)
     b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # Whole K tiles without a rank mask (vector loads of B), then the masked tail.
+    # Whole K tiles without a rank mask (vector loads), then the partial tile of the rank's rest.
     full = rank - rank % BLOCK_K
     for _ in range(0, full, BLOCK_K):
-        acc = _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, offs_k, False)
+        it = tl.load(i_ptrs, mask=m_mask[:, None], other=0.0)
+        bt = tl.load(b_ptrs, mask=n_mask[None, :], other=0.0)
+        acc += tl.dot(it.to(bt.dtype), bt)
         i_ptrs += BLOCK_K * stride_ik
         b_ptrs += BLOCK_K * stride_bk
     if full < rank:
-        k_mask = offs_k < rank - full
-        acc = _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, True)
+        acc = _expand_tail(acc, i_ptrs, b_ptrs, m_mask, n_mask, offs_k, rank - full, BLOCK_K, K_GROUP)
     return acc
 
 
 @triton.jit
-def _expand_step(acc, i_ptrs, b_ptrs, m_mask, n_mask, k_mask, MASK_K: tl.constexpr):
-    """One K tile of expand: ``acc += inter_tile @ B_tile``."""
-    if MASK_K:
-        i_mask = m_mask[:, None] & k_mask[None, :]
-        b_mask = n_mask[None, :] & k_mask[:, None]
+def _expand_tail(acc, i_ptrs, b_ptrs, m_mask, n_mask, offs_k, left, BLOCK_K: tl.constexpr, K_GROUP: tl.constexpr):
+    """``acc += inter_tile @ B_tile`` over the first ``left`` (< BLOCK_K) columns of a K tile.
+
+    A mask on the columns makes every load of the tile an element load, and those more than
+    doubled the kernel's registers in some configs (``bench/expand_registers.py`` counts them).
+    With K_GROUP > 1 the tile is loaded in whole groups of K_GROUP columns (all of it when
+    K_GROUP is BLOCK_K: no column mask at all), as vectors where the tile starts aligned (B's
+    always; the intermediate's with one slice: slice s starts at column s * rank), and the
+    columns at and past ``left`` are zeroed in registers. Whatever memory holds there (the next
+    slice's columns, an earlier adapter's weights, an intermediate never written, NaN) never
+    reaches the sum, and the dot gets the operands the masked loads gave, so the result is the
+    same bit for bit. The launcher picks K_GROUP dividing the pool's max rank, so the groups
+    read end at or before it (:func:`_k_group`)."""
+    if K_GROUP < BLOCK_K:
+        k_load = offs_k < tl.cdiv(left, K_GROUP) * K_GROUP
+        i_mask = m_mask[:, None] & k_load[None, :]
+        b_mask = n_mask[None, :] & k_load[:, None]
     else:
         i_mask = m_mask[:, None]
         b_mask = n_mask[None, :]
     it = tl.load(i_ptrs, mask=i_mask, other=0.0)
     bt = tl.load(b_ptrs, mask=b_mask, other=0.0)
+    if K_GROUP > 1:
+        k_mask = offs_k < left
+        it = tl.where(k_mask[None, :], it, 0.0)
+        bt = tl.where(k_mask[:, None], bt, 0.0)
     return acc + tl.dot(it.to(bt.dtype), bt)
 
 
@@ -576,6 +597,7 @@ def _expand_calls(
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
+        "K_GROUP": _k_group(inter, b_buffer, num_slices, config.block_k, in_gemm),
     }
     calls = []
     for layer in range(num_layers):
@@ -610,6 +632,28 @@ def _expand_calls(
         )
         calls.append((grid, args, constexprs))
     return calls
+
+
+def _k_group(
+    inter: torch.Tensor, b_buffer: torch.Tensor, num_slices: int, block_k: int, in_gemm: InGemmLayout | None
+) -> int:
+    """Columns the expand's partial K tile loads as one group (:func:`_expand_tail`): the
+    largest power of two dividing BLOCK_K and the pool's max rank (BLOCK_K itself where the
+    max rank is a multiple of it: the partial tile is then read whole); 1 (element loads)
+    where the intermediate's rows (a slot's block, in the GEMM's columns) are narrower than
+    every slice at the max rank.
+
+    Only the pool's and the buffers' shapes decide it, and they are fixed for a captured
+    graph; the kernel is right for every rank up to the max rank, since a group that holds
+    a rank's last column ends at or before the max rank. An adapter of any rank loaded
+    after capture is therefore computed right. A flag that skips the partial tile where
+    every rank is a multiple of BLOCK_K would have to be derived from the ranks themselves,
+    which can change after capture: there is none."""
+    max_rank = b_buffer.shape[2]
+    width = inter.shape[1] if in_gemm is None else in_gemm.slot_width
+    if width < num_slices * max_rank:
+        return 1
+    return math.gcd(block_k, max_rank)
 
 
 _SHRINK = FastLauncher(_shrink_kernel)
