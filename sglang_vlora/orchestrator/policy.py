@@ -41,9 +41,11 @@ adapter" then holds for every lone request, whatever the popularity, and with un
 popularity the weights followed each request's adapter (an H200 run merged 71% of its
 iterations at derived MaxBS 1 with 76 switches and was slower than unmerged; docs/orchestrator.md).
 Merging pays off for an adapter that keeps most of the traffic (paper §4.3), and that is
-what the arrivals tell. An adapter already merged needs no such check (no switch is made),
-and with ``keep_merged`` "plurality" a popular merged adapter also stays while a lone
-request of another adapter runs beside it in mixture. Without a history (an empty
+what the arrivals tell. An adapter already merged needs no such check (no switch is made).
+A popular merged adapter does not stay merged for another adapter's lone request: that
+request would run in mixture (its own delta plus the merged one's subtracted), and on the
+vision-skewed benchmark keeping it so doubled the mixture iterations and raised the LoRA cost
+(docs/orchestrator.md); the weights unmerge for it instead. Without a history (an empty
 ``recent_arrivals``) the check is skipped: Algorithm 1 as written.
 
 Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
@@ -101,7 +103,6 @@ KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch bu
 KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
 KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
 NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most half of the recent arrivals
-KEPT_POPULAR = "kept_popular"  # another adapter leads in flight; keep_merged "plurality" keeps a popular merged one
 # The comparison policies (baselines.py):
 SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
 DRAIN_MERGED = "drain_merged"  # another adapter wanted: the current weights finish their running requests
@@ -118,7 +119,6 @@ DECISION_REASONS = (
     KEPT_NO_SLOT,
     KEPT_PLURALITY,
     NOT_POPULAR,
-    KEPT_POPULAR,
     SERVE_ONE_ADAPTER,
     DRAIN_MERGED,
     DRAIN_UNMERGED,
@@ -411,13 +411,9 @@ class VLoRAPolicy(SchedulingPolicy):
             # Lines 6-12: merge top (entering a merge needs top to be popular: module docstring).
             adapter, order, reason = top, self.merged_order(state, starving, top_requests), MERGE
         elif self.keeps_plurality(state, starving, top):
-            # keep_merged "plurality": line 5 failed (or another adapter leads in flight, not
-            # popular enough to take the weights), but the merged adapter is the top one or
-            # popular, and at most half of max batch starve; it stays, admitting as a merge does.
-            merged = state.merged
-            adapter = merged
-            order = self.merged_order(state, starving, [r for r in state.requests if r.adapter == merged])
-            reason = KEPT_PLURALITY if top == merged else KEPT_POPULAR
+            # keep_merged "plurality": line 5 failed, but the merged adapter is still the top
+            # one and at most half of max batch starve; it stays, admitting as a merge does.
+            adapter, order, reason = top, self.merged_order(state, starving, top_requests), KEPT_PLURALITY
         else:
             # Lines 13-15: unmerge; the starving first, then everyone. When line 5's second
             # half holds, its first failed (more than half of max batch starve), or top is
@@ -446,14 +442,12 @@ class VLoRAPolicy(SchedulingPolicy):
         return order
 
     def keeps_plurality(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
-        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails for
-        them: an adapter is merged, it is still the most requested (``top``) or it is popular
-        (more than half of the recent arrivals, with a history), and at most half of max batch
-        starve. It never enters a merge."""
-        merged = state.merged
+        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails: an
+        adapter is merged, it is still the most requested (``top``), and at most half of max
+        batch starve. It never enters a merge."""
         return (
             self.config.keep_merged == "plurality"
-            and merged is not None
-            and (top == merged or (bool(state.recent_arrivals) and popular(state, merged)))
+            and state.merged is not None
+            and top == state.merged
             and 2 * len(starving) <= self.config.max_batch
         )

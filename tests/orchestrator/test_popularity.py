@@ -10,14 +10,7 @@ from dataclasses import replace
 import pytest
 
 from sglang_vlora.orchestrator import Decision, Mode, PolicyConfig, SchedulerState, make_policy
-from sglang_vlora.orchestrator.policy import (
-    KEPT_PLURALITY,
-    KEPT_POPULAR,
-    MERGE,
-    NO_MAJORITY,
-    NOT_POPULAR,
-    popular,
-)
+from sglang_vlora.orchestrator.policy import KEPT_PLURALITY, MERGE, NO_MAJORITY, NOT_POPULAR, popular
 from tests.orchestrator.builders import cost_model, req, running, state
 
 THETA = 0.6
@@ -75,34 +68,18 @@ def test_unpopular_merged_adapter_lets_go_of_another_adapters_lone_request():
     assert (decision.mode, decision.adapter, decision.reason) == (Mode.UNMERGE, None, NOT_POPULAR)
 
 
-def test_popular_merged_adapter_stays_for_another_adapters_lone_request():
-    """Skewed: a merged and popular; b's lone request runs beside it in mixture (no switch)."""
-    decision = decide(lone("b", SKEWED, merged="a"))
-    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
-    assert decision.admit == ("r1",)
-
-
-def test_popular_merged_adapter_is_not_kept_under_the_papers_rule():
-    """keep_merged "majority" checks line 5 every iteration: b's lone request (not popular)
-    does not take the weights either, so they unmerge."""
-    decision = decide(lone("b", SKEWED, merged="a"), keep_merged="majority")
+@pytest.mark.parametrize("keep_merged", ["majority", "plurality"])
+def test_popular_merged_adapter_unmerges_for_another_adapters_lone_request(keep_merged):
+    """Skewed: a merged and popular, b's lone request: b does not take the weights (not
+    popular) and a does not stay for it (that would run it in mixture): clean weights."""
+    decision = decide(lone("b", SKEWED, merged="a"), keep_merged=keep_merged)
     assert (decision.mode, decision.adapter, decision.reason) == (Mode.UNMERGE, None, NOT_POPULAR)
+    assert decision.admit == ("r1",)
 
 
 def test_a_popular_adapter_takes_the_weights_from_an_unpopular_merged_one():
     decision = decide(lone("a", SKEWED, merged="c"))
     assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "a", MERGE)
-
-
-def test_popular_merged_adapter_admits_its_own_requests_first():
-    """a merged and popular, b leads in flight (2 running, a has 1 waiting): kept, and with
-    admission "all" a's request comes before the others' in the batch order."""
-    busy = [running("b1", "b", NOW), running("b2", "b", NOW)]
-    waiting = [req("c1", "c", NOW), req("a1", "a", NOW)]
-    current = replace(state(NOW, waiting, busy, Mode.MIXTURE, "a"), recent_arrivals=SKEWED)
-    decision = decide(current, max_batch=8)
-    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
-    assert decision.admit == ("a1", "c1")
 
 
 def test_popularity_does_not_change_a_kept_plurality():

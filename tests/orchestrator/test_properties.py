@@ -226,9 +226,9 @@ A_PLURALITY = hand_built(
 def test_vlora_reasons_name_what_decided(state, config, cost):
     """The reason is the condition that decided: which half of line 5 failed, that the top
     adapter is not popular (at most half of the recent arrivals, entering a merge), that
-    keep_merged "plurality" kept the merged adapter (still the most requested, or popular;
-    at most half of max batch starving), or that the slots or the switch budget kept the
-    current weights (then they are kept)."""
+    keep_merged "plurality" kept the merged adapter (still the most requested, at most half
+    of max batch starving), or that the slots or the switch budget kept the current weights
+    (then they are kept)."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
         return
@@ -245,12 +245,10 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
     # The top adapter (ties: the merged one, then by name) as Algorithm 1 picks it.
     top = state.merged if merged_is_top else min(a for a, n in counts.items() if 2 * n == twice_top)
     enters = line_5 and (top == state.merged or popular(top))
-    merged_popular = state.merged is not None and bool(arrivals) and popular(state.merged)
-    keeps = config.keep_merged == "plurality" and (merged_is_top or merged_popular) and twice_starving <= max_batch
+    keeps = config.keep_merged == "plurality" and merged_is_top and twice_starving <= max_batch
     event(f"{config.keep_merged}: reason {decision.reason}")
-    assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and merged_is_top and not enters)
-    assert (decision.reason == reasons.KEPT_POPULAR) == (keeps and not merged_is_top and not enters)
-    if decision.reason in (reasons.KEPT_PLURALITY, reasons.KEPT_POPULAR):
+    assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and not enters)
+    if decision.reason == reasons.KEPT_PLURALITY:
         assert decision.adapter == state.merged
         return
     if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
