@@ -39,7 +39,8 @@ arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
 requests in flight, and at light load they are one or two: "more than half of MaxBS on one
 adapter" then holds for every lone request, whatever the popularity, and with uniform
 popularity the weights followed each request's adapter (an H200 run merged 71% of its
-iterations at derived MaxBS 1 with 76 switches and was slower than unmerged; docs/orchestrator.md).
+iterations at derived MaxBS 1 with 76 switches, 18% in mixture, and its mean was above
+unmerged's; docs/orchestrator.md).
 Merging pays off for an adapter that keeps most of the traffic (paper §4.3), and that is
 what the arrivals tell. An adapter already merged needs no such check (no switch is made).
 A popular merged adapter does not stay merged for another adapter's lone request: that
