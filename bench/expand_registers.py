@@ -183,18 +183,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args(argv)
 
-    if not isinstance(triton_kernels._expand_kernel, triton.runtime.JITFunction):
-        ap.error("the kernel is Triton's interpreter's here: unset TRITON_INTERPRET")
-    table = json.loads(args.table.read_text())
-    configs = table_configs(table)
+    for name in ("max_rank", "slots", "jobs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        table = json.loads(args.table.read_text())
+        configs = table_configs(table)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        ap.error(f"cannot read a tiling table from {args.table}: {exc}")
+    widths = {}
+    for num_slices in args.slices:
+        try:
+            widths[num_slices] = slice_widths(table, num_slices)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.config:
         configs = [c for c in configs if config_name(c) in args.config]
         missing = set(args.config) - {config_name(c) for c in configs}
         if missing:
             ap.error(f"not expand configs of {args.table.name}: {', '.join(sorted(missing))}")
+    if not isinstance(triton_kernels._expand_kernel, triton.runtime.JITFunction):
+        ap.error("the kernel is Triton's interpreter's here: unset TRITON_INTERPRET")
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.in_gemm]
     jobs = [
-        (cfg, slice_widths(table, s), args.max_rank, args.slots, use_in_gemm, paired)
+        (cfg, widths[s], args.max_rank, args.slots, use_in_gemm, paired)
         for cfg in configs
         for s in args.slices
         for use_in_gemm in modes

@@ -52,3 +52,21 @@ def test_ptxas_log_and_ptx_counts() -> None:
            "\tcp.async.cg.shared.global [ %r5 + 0 ], [ %rd4 + 0 ], 0x10, %r6;\n")  # fmt: skip
     assert expand_registers.ptx_memory_ops(ptx) == {"ld.global.b16": 1, "ld.global.v4.b32": 1, "st.global.v4.b32": 1,
                                                     "cp.async.16B": 1}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--table", "missing.json"], "cannot read a tiling table"),
+        (["--table", "README.md"], "cannot read a tiling table"),
+        (["--slices", "4"], "tuned no layer of 4 slices"),
+        (["--max-rank", "0"], "--max-rank must be at least 1"),
+        (["--config", "1x2x3w4s5"], "not expand configs"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
+    """Checked before anything compiles (and before the interpreter check: these run in CI)."""
+    with pytest.raises(SystemExit) as exit_info:
+        expand_registers.main([*argv, "--jobs", "1"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
