@@ -11,9 +11,6 @@ over the base weight with the cell's adapters' A rows appended as extra output r
 gives the base output and every adapter's shrink, then one expand writing base + LoRA into a
 new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the appended rows
 are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
-``atmm_expand_first`` (``lora_apply_static_expand_first``: the same A rows in a GEMM of their
-own, one expand writing the LoRA delta into a new output, then the base GEMM adding ``x W^T``
-onto it as cuBLAS's ``C``: what large graph batches run with the rows appended),
 ``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
@@ -155,9 +152,6 @@ class Cell:
         if method == "atmm_in_gemm":  # the base GEMM is the op's own, into a new output
             self.in_gemm(t)
             return
-        if method == "atmm_expand_first":  # the base GEMM is the op's own, added last
-            self.expand_first(t)
-            return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
@@ -174,25 +168,12 @@ class Cell:
             t["x"][: self.tokens], self.w_ext(t), None, self.offsets[-1], t["b"], self.covering, self.offsets
         )
 
-    def expand_first(self, t: dict) -> torch.Tensor:
-        if "row_base" not in t:  # no bias: every row starts from zeros (made before any capture)
-            t["row_base"] = torch.zeros(self.offsets[-1], dtype=t["w"].dtype, device=t["w"].device)
-        return ops.lora_apply_static_expand_first(
-            t["x"][: self.tokens], self.w_ext(t), t["row_base"], self.offsets[-1], t["b"], self.covering, self.offsets
-        )
-
     def lora_atmm_in_gemm(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's LoRA delta (its output minus its own GEMM's base
         columns) to ``out``."""
         x, out = t["x"][: self.tokens], t["out"][: self.tokens]
         base = torch.nn.functional.linear(x, self.w_ext(t))[:, : self.offsets[-1]]
         out += self.in_gemm(t) - base
-
-    def lora_atmm_expand_first(self, t: dict) -> None:
-        """For :meth:`rel_error`: adds the op's LoRA delta (its output minus the base GEMM) to
-        ``out``."""
-        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
-        out += self.expand_first(t) - x @ t["w"].t()
 
     def lora_atmm_overlap(self, t: dict) -> None:
         out = t["out"][: self.tokens]
@@ -340,8 +321,8 @@ class Cell:
 
     def time_us(self, method: str, iters: int) -> float:
         """Median microseconds of one call, from a graph over every rotated input set. Every set
-        runs once first, so nothing a method makes on first use (the extended weight, the zero
-        row) is made inside the capture and timed at every replay."""
+        runs once first, so nothing a method makes on first use (``atmm_in_gemm``'s extended
+        weight) is made inside the capture and timed at every replay."""
         for t in self.sets:
             self.run(method, t)
         torch.cuda.synchronize()
@@ -374,7 +355,7 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_expand_first", "atmm_cuda", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_cuda", *peers, "bmm"]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 

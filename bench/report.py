@@ -216,7 +216,6 @@ KERNEL_METHODS = {
     "atmm": "ATMM",
     "atmm_overlap": "ATMM overlapped",
     "atmm_in_gemm": "ATMM shrink in the GEMM",
-    "atmm_expand_first": "ATMM expand first",
     "atmm_cuda": "ATMM CUDA C++",
     "sglang_triton": "SGLang triton",
     "sglang_csgmv": "SGLang csgmv",
@@ -247,9 +246,8 @@ def _extra(rows: list[dict], method: str) -> list[float]:
 
 
 # ATMM's Triton entry points; the graph-safe ones are what decode runs. ``atmm_in_gemm`` is in
-# runs of bench/kernels.py from after the shrink moved into the GEMM only, ``atmm_expand_first``
-# in runs from after it was added.
-GRAPH_ENTRY_POINTS = ("atmm_overlap", "atmm_in_gemm", "atmm_expand_first")
+# runs of bench/kernels.py from after the shrink moved into the GEMM only.
+GRAPH_ENTRY_POINTS = ("atmm_overlap", "atmm_in_gemm")
 TRITON_ENTRY_POINTS = ("atmm", *GRAPH_ENTRY_POINTS)
 
 

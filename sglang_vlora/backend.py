@@ -64,10 +64,6 @@ NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merge
 # GEMM the LoRA added 0.08-0.29 ms less than in sequence at 16-256 tokens, 0.14-0.22 ms more
 # at 512 and 1024. Decided by the rows a layer runs, i.e. the graph's captured size.
 SIDE_STREAM_MAX_TOKENS = 256
-# Graph batches of at least this many rows, in layers with the pool's A rows appended, run the
-# expand first and the base GEMM last (``ops.lora_apply_static_expand_first``); smaller ones
-# the shrink inside the base GEMM. From bench/kernels.py on the H200 (docs/atmm.md).
-EXPAND_FIRST_MIN_TOKENS = 1024
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
 _profile_range = (
@@ -360,9 +356,8 @@ class ATMMLoRABackend(BaseLoRABackend):
     # ------------------------------------------------------------------ compute
     def forward_with_base(self, layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs):
         """Base + LoRA of a plain linear layer in one call: graph batches through the
-        graph-safe ops (where the layer has the pool's A rows appended: the shrink inside the
-        base GEMM, or from :data:`EXPAND_FIRST_MIN_TOKENS` rows the expand first and the base
-        GEMM added onto it; else decode graphs and small prefill graphs with the shrink beside the
+        graph-safe ops (with the shrink inside the base GEMM where the layer has the pool's A
+        rows appended, else decode graphs and small prefill graphs with the shrink beside the
         base GEMM, larger prefill graphs in sequence), eager batches the base then
         ``ops.lora_apply``. TP all-reduce and
         lm_head take SGLang's path, which calls the ``run_*`` methods below."""
@@ -374,9 +369,6 @@ class ATMMLoRABackend(BaseLoRABackend):
             self._note_captured_shape(x, lora_a, lora_b, offsets)
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None and self.static_items.covers_tokens:
-                if x.shape[0] >= EXPAND_FIRST_MIN_TOKENS:  # the graph's rows: fixed for a captured graph
-                    return ops.lora_apply_static_expand_first(x, fused.weight, fused.row_base, fused.out_features,
-                                                              lora_b, self.static_items, slice_offsets, self.impl)
                 return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
                                                      self.static_items, slice_offsets, self.impl)
             # By the rows the graph runs (its captured size), not the batch's tokens.

@@ -42,7 +42,6 @@ class InGemmWeights:
     weight: torch.Tensor  # [out + slots * S * max_rank, in]: the base weight's rows, then the pool's A rows
     bias: torch.Tensor | None  # [out + ...], zero past out; None where the base GEMM adds no bias
     out_features: int
-    row_base: torch.Tensor  # [out]: the bias, or zeros; where the expand-first path's rows start
 
 
 def extra_rows(lora_manager, modules: dict[str, list], setting: str) -> dict[str, int]:
@@ -106,8 +105,7 @@ def attach(lora_manager, modules: dict[str, list], stacks: dict[str, torch.Tenso
                 bias = torch.zeros(stack.shape[1], dtype=base.bias.dtype, device=base.bias.device)
                 bias[:out].copy_(base.bias)
                 base.bias.data = bias[:out]
-            row_base = bias[:out] if bias is not None else stack.new_zeros(out)
-            setattr(module, ATTR, InGemmWeights(weight=stack[i], bias=bias, out_features=out, row_base=row_base))
+            setattr(module, ATTR, InGemmWeights(weight=stack[i], bias=bias, out_features=out))
     if stacks:
         lora_manager.update_lora_info()
         if next(iter(stacks.values())).is_cuda:

@@ -11,14 +11,6 @@ norm among them) need one. So every token must be reached by some item:
 :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` adds *copy items* (rank 0) over
 the positions no item covers (``covers_tokens``).
 
-The expand first (:func:`~sglang_vlora.atmm.ops.lora_apply_static_expand_first`): the same
-A rows in a GEMM of their own, the expand writing ``bias + LoRA`` (no base to read: a
-:func:`row_base_layout` whose base is one row, repeated), and the base GEMM adding ``x W^T``
-onto it as cuBLAS's ``C`` input (``beta = 1``). The shrink-in-GEMM expand reads the base
-output and writes the sum, both ``[m, N]``; here the expand only writes, and the base GEMM
-reads its ``C`` in its epilogue, beside compute that dominates at prefill sizes. The price:
-the A rows are a GEMM launch of their own and read ``x`` once more.
-
 Why: in a decode step the separate shrink is a launch per module whose time is mostly
 fixed cost (a kernel that reads a few MB), and beside the GEMM it still costs a fork and a
 join (docs/perf.md). Appended, the A rows cost their bytes in the GEMM's own weight stream.
@@ -50,15 +42,6 @@ def split_output(y: torch.Tensor, out_features: int, num_slots: int) -> tuple[to
     if extra <= 0 or extra % num_slots:
         raise ValueError(f"{y.shape[1]} GEMM columns do not hold {out_features} base columns and {num_slots} slots")
     return y[:, out_features:], InGemmLayout(base=y[:, :out_features], slot_width=extra // num_slots)
-
-
-def row_base_layout(row_base: torch.Tensor, m: int, inter_width: int, num_slots: int) -> InGemmLayout:
-    """The layout of a separate A-row GEMM's output ``[m, inter_width]`` whose expand starts
-    every output row from ``row_base [N]`` (a bias, or zeros): the base is that row repeated
-    (row stride 0), so the expand reads no ``[m, N]`` tensor."""
-    if inter_width % num_slots:
-        raise ValueError(f"{inter_width} columns do not hold {num_slots} slots")
-    return InGemmLayout(base=row_base.expand(m, row_base.shape[0]), slot_width=inter_width // num_slots)
 
 
 def shrink_rows_torch(inter: torch.Tensor, layout: InGemmLayout, items: StaticWorkItems) -> torch.Tensor:

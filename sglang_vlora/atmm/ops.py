@@ -22,7 +22,6 @@ Graph safety. ``lora_shrink`` / ``lora_expand`` / ``lora_apply`` size their laun
 grids from the host copies in :class:`WorkItems` (item count, longest segment, total
 rows): right in eager mode, wrong if captured in a CUDA graph and replayed with
 other items. Under CUDA graphs use ``lora_apply_static`` / ``lora_apply_static_with_base`` /
-``lora_apply_static_in_gemm`` / ``lora_apply_static_expand_first`` /
 ``lora_shrink_static`` / ``lora_expand_static`` with a :class:`StaticWorkItems`: they read only its device
 buffers and size grids from static bounds (buffer capacity, ``x.shape[0]``,
 pool max rank), so any items written by ``StaticWorkItems.fill`` before a replay
@@ -217,39 +216,6 @@ def lora_apply_static_in_gemm(
         rows = in_gemm.shrink_rows_torch(inter, layout, items)
         return static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
-
-
-def lora_apply_static_expand_first(
-    x: torch.Tensor,
-    weight_ext: torch.Tensor,
-    row_base: torch.Tensor,
-    out_features: int,
-    b_buffer: torch.Tensor,
-    items: StaticWorkItems,
-    slice_offsets: list[int],
-    impl: str = "auto",
-) -> torch.Tensor:
-    """``base + LoRA`` with the LoRA delta made before the base GEMM and added by it,
-    graph-safe (:mod:`sglang_vlora.atmm.in_gemm`, "The expand first"): one GEMM over the
-    pool slots' A rows of ``weight_ext`` (the rows past ``out_features``), one expand that
-    writes ``row_base + LoRA`` (``row_base [out_features]``: the base bias, or zeros) into a
-    new ``[m, out_features]`` output, then the base GEMM over ``weight_ext``'s first
-    ``out_features`` rows accumulated onto it (``addmm_``, beta 1). ``items`` must cover every
-    token (``StaticWorkItems.allocate(covers_tokens=True)``)."""
-    if not items.covers_tokens:
-        raise ValueError("the expand-first path needs items that cover every token (covers_tokens)")
-    if row_base.shape != (out_features,):
-        raise ValueError(f"row_base must be [{out_features}], got {tuple(row_base.shape)}")
-    inter = torch.nn.functional.linear(x, weight_ext[out_features:])
-    layout = in_gemm.row_base_layout(row_base, x.shape[0], inter.shape[1], b_buffer.shape[0])
-    output = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
-    if _static_torch(output, impl):
-        output.copy_(layout.base)
-        rows = in_gemm.shrink_rows_torch(inter, layout, items)
-        static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
-    else:
-        lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
-    return output.addmm_(x, weight_ext[:out_features].t())
 
 
 def lora_shrink_static(

@@ -1,9 +1,7 @@
-"""The shrink inside the base GEMM (``ops.lora_apply_static_in_gemm``) and the expand first
-(``ops.lora_apply_static_expand_first``, the same A rows in a GEMM of their own, the base GEMM
-added last): the Triton expand (the interpreter on CPU) and its torch form against an fp64
-``x W^T + b + LoRA``, for unmerged and mixture batches, base-only tokens, permuted and padded
-batches, and buffers refilled with smaller batches after larger ones. Tolerance: relative
-Frobenius error 1e-5 (fp32)."""
+"""The shrink inside the base GEMM (``ops.lora_apply_static_in_gemm``): the Triton expand (the
+interpreter on CPU) and its torch form against an fp64 ``x W^T + b + LoRA``, for unmerged and
+mixture batches, base-only tokens, permuted and padded batches, and buffers refilled with
+smaller batches after larger ones. Tolerance: relative Frobenius error 1e-5 (fp32)."""
 
 from __future__ import annotations
 
@@ -38,16 +36,6 @@ def reference(x, w, bias, a, b, lists, perm=None) -> torch.Tensor:
     return x.double() @ w.double().T + bias.double() + ref_delta(x, a, b, OFFSETS, RANKS, *lists[:4], perm)
 
 
-def apply(entry: str, x, w_ext, bias, bias_ext, b, static) -> torch.Tensor:
-    """``base + LoRA`` through one of the two entry points over the appended A rows."""
-    if entry == "in_gemm":
-        return ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
-    return ops.lora_apply_static_expand_first(x, w_ext, bias, OFFSETS[-1], b, static, OFFSETS)
-
-
-ENTRIES = pytest.mark.parametrize("entry", ["in_gemm", "expand_first"])
-
-
 def allocate(num_tokens: int, paired: bool) -> StaticWorkItems:
     return StaticWorkItems.allocate(capacity=12, max_tokens=num_tokens, num_slots=len(RANKS), device="cpu",
                                     max_layers=2 if paired else 1, paired=paired, covers_tokens=True)
@@ -57,10 +45,9 @@ def allocate(num_tokens: int, paired: bool) -> StaticWorkItems:
 SEGMENTS = ([0, 5, 9, 16, 20, 27], [5, 4, 7, 4, 7, 3], [1, 2, 0, 3, 1, 2])
 
 
-@ENTRIES
 @pytest.mark.parametrize("interpret", [False, True], ids=["torch", "triton"])
 @pytest.mark.parametrize("merged", [None, 1, 2])
-def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(entry, interpret, merged, monkeypatch) -> None:
+def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(interpret, merged, monkeypatch) -> None:
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
@@ -73,14 +60,13 @@ def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(entry, interpret,
     lists = mode_item_lists(starts, lens, slots, RANKS, SCALINGS, merged)
     static.fill(build_work_items(*lists[:4], RANKS, partners=lists[4]), n)
     x = torch.randn(n, D_IN, generator=gen)
-    out = apply(entry, x, w_ext, bias, bias_ext, b, static)
+    out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
     assert out.shape == (n, OFFSETS[-1]) and out.is_contiguous()
     assert rel_err(out, reference(x, w, bias, a, b, lists)) < 1e-5
 
 
-@ENTRIES
 @pytest.mark.parametrize("interpret", [False, True], ids=["torch", "triton"])
-def test_in_gemm_refills_permuted_padded_and_smaller_batches(entry, interpret, monkeypatch) -> None:
+def test_in_gemm_refills_permuted_padded_and_smaller_batches(interpret, monkeypatch) -> None:
     """One fixed set of buffers, as a captured graph has: batches of fewer tokens than the
     graph's rows (the padding rows get the base output), permuted batches followed by smaller
     ones (the positions past the batch must not read the earlier permutation), empty ones."""
@@ -106,7 +92,7 @@ def test_in_gemm_refills_permuted_padded_and_smaller_batches(entry, interpret, m
         x = torch.randn(rows, D_IN, generator=gen)
         full_perm = None if perm is None else torch.cat([perm, torch.arange(tokens, rows)])
         ref = reference(x, w, bias, a, b, (starts, lens, slots, scales), full_perm)
-        out = apply(entry, x, w_ext, bias, bias_ext, b, static)
+        out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
         assert rel_err(out, ref) < 1e-5, (tokens, starts)
 
 
@@ -119,40 +105,9 @@ def test_in_gemm_needs_buffers_that_cover_every_token() -> None:
     with pytest.raises(ValueError, match="do not hold"):
         ops.lora_apply_static_in_gemm(torch.randn(8, D_IN), w_ext[:-1], None, OFFSETS[-1], b, allocate(8, False),
                                       OFFSETS)
-    with pytest.raises(ValueError, match="cover every token"):
-        ops.lora_apply_static_expand_first(torch.randn(8, D_IN), w_ext, torch.zeros(OFFSETS[-1]), OFFSETS[-1], b,
-                                           static, OFFSETS)
-    with pytest.raises(ValueError, match="row_base must be"):
-        ops.lora_apply_static_expand_first(torch.randn(8, D_IN), w_ext, torch.zeros(OFFSETS[-1] + 1), OFFSETS[-1],
-                                           b, allocate(8, False), OFFSETS)
-    with pytest.raises(ValueError, match="do not hold"):
-        ops.lora_apply_static_expand_first(torch.randn(8, D_IN), w_ext[:-1], torch.zeros(OFFSETS[-1]), OFFSETS[-1],
-                                           b, allocate(8, False), OFFSETS)
     with pytest.raises(ValueError, match="one layer of items"):
         StaticWorkItems.allocate(capacity=4, max_tokens=8, num_slots=4, device="cpu", max_layers=2,
                                  covers_tokens=True)
-
-
-@pytest.mark.parametrize("interpret", [False, True], ids=["torch", "triton"])
-def test_expand_first_without_a_bias_starts_from_zeros(interpret, monkeypatch) -> None:
-    """A layer without a bias: the rows start from a zero row, and the result is the
-    shrink-in-GEMM path's over the same weights."""
-    if interpret:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    gen = torch.Generator().manual_seed(10)
-    w, _, a, b, w_ext, _ = extended(gen)
-    starts, lens, slots = SEGMENTS
-    n = starts[-1] + lens[-1]
-    static = allocate(n, paired=True)
-    lists = mode_item_lists(starts, lens, slots, RANKS, SCALINGS, None)
-    static.fill(build_work_items(*lists[:4], RANKS, partners=lists[4]), n)
-    x = torch.randn(n, D_IN, generator=gen)
-    out = ops.lora_apply_static_expand_first(x, w_ext, torch.zeros(OFFSETS[-1]), OFFSETS[-1], b, static, OFFSETS)
-    assert rel_err(out, reference(x, w, torch.zeros(OFFSETS[-1]), a, b, lists)) < 1e-5
-    in_gemm = ops.lora_apply_static_in_gemm(x, w_ext, None, OFFSETS[-1], b, static, OFFSETS)
-    assert rel_err(out, in_gemm.double()) < 1e-5
 
 
 def test_separate_shrink_ignores_the_copy_items(monkeypatch) -> None:

@@ -193,23 +193,12 @@ def test_graph_path_replays_any_mode_and_item_count(kind, impl):
         assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
 
 
-@pytest.mark.parametrize("expand_first", [False, True], ids=["in_gemm", "expand_first"])
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
-def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl, expand_first, monkeypatch):
+def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl):
     """A layer with the pool's A rows appended to its base weight (in_gemm_weights) runs one
-    GEMM over both and one expand into a new output, or (graphs of EXPAND_FIRST_MIN_TOKENS
-    rows or more) the expand first and the base GEMM onto it: base + bias + LoRA for every
-    token, padding rows included, in every mode and item count of REPLAYS."""
-    from sglang_vlora import backend as backend_module
+    GEMM over both and one expand into a new output: base + bias + LoRA for every token,
+    padding rows included, in every mode and item count of REPLAYS."""
     from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
-
-    monkeypatch.setattr(backend_module, "EXPAND_FIRST_MIN_TOKENS", GRAPH_BS if expand_first else GRAPH_BS + 1)
-    if expand_first:  # each case must run its own path
-        monkeypatch.setattr(backend_module.ops, "lora_apply_static_in_gemm",
-                            lambda *a, **k: pytest.fail("the shrink-in-GEMM path ran"))
-    else:
-        monkeypatch.setattr(backend_module.ops, "lora_apply_static_expand_first",
-                            lambda *a, **k: pytest.fail("the expand-first path ran"))
 
     slices = [12, 6, 6]
     a, b = pools(slices, seed=13)
@@ -220,7 +209,7 @@ def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl, expand_fi
     w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
     layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
                                                    bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
-                                                   out_features=sum(slices), row_base=bias)})
+                                                   out_features=sum(slices))})
     rt = VLoRARuntime(VLoRAConfig())
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
     backend.shrink_in_gemm = True
