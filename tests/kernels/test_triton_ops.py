@@ -1,8 +1,9 @@
 """Triton ATMM kernels (interpreter on CPU) against an fp64 computation and the torch path.
 
 Tolerances, as relative Frobenius error ||out - ref|| / ||ref|| of the LoRA delta:
-fp32 1e-5, fp16 5e-3. Triton 3.8's interpreter computes bf16 ``tl.dot`` wrongly, so
-bf16 is checked on the GPU only (bench/kernels.py --check).
+fp32 1e-5, fp16 5e-3. Triton 3.8's interpreter computes bf16 ``tl.dot`` wrongly (it
+multiplies the bit patterns): bf16 is checked in tests/kernels/test_static_bf16.py with the
+interpreter's dot corrected, and on the GPU by bench/kernels.py --check.
 """
 
 from __future__ import annotations
