@@ -258,7 +258,8 @@ def lora_expand_static(
     num_slices = len(slice_offsets) - 1
     m = output.shape[0]
     rank = b_buffer.shape[2]
-    cfg = _pick("expand", output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
+    op = "expand" if gemm_layout is None else "expand_in_gemm"
+    cfg = _pick(op, output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
     layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
     triton_kernels.launch_expand(
         intermediate,

@@ -3,7 +3,10 @@ and the runtime lookup (paper §4.3.2, Appendix B).
 
 Shape keys. ``shrink`` depends on ``(k, n, m)``: ``k = d_in``, ``n = S * rank``,
 ``m`` = tokens. ``expand`` depends on ``(n, s, r, m)``: ``n = d_out`` over all slices,
-``s`` = number of slices, ``r`` = rank, ``m`` = tokens.
+``s`` = number of slices, ``r`` = rank, ``m`` = tokens. ``expand_in_gemm``, the expand of
+the shrink inside the base GEMM (:mod:`sglang_vlora.atmm.in_gemm`: it reads the base
+output and the slot columns from the GEMM's output and writes a new tensor), has the same
+keys and its own entries, Triton only; a table without any takes the ``expand`` entries.
 
 Nearest-shape rule, applied one field at a time (shrink: ``k, n, m``; expand:
 ``s, n, r, m``), each narrowing the entries to those that match the chosen value:
@@ -162,6 +165,7 @@ _RULES = {
     "shrink": {"k": "log", "n": "ceil", "m": "ceil"},
     "expand": {"s": "log", "n": "log", "r": "ceil", "m": "ceil"},
 }
+_RULES["expand_in_gemm"] = _RULES["expand"]
 
 
 def table_filename(device_name: str) -> str:
@@ -254,8 +258,7 @@ def triton_configs(device_name: str, op: str, key: dict[str, int]) -> list[Shrin
     """Every Triton config the table may pick for ``key`` at any token count: the entries
     the nearest-shape rule keeps for all fields but ``m`` that run Triton, plus the
     untuned default (what a token count outside the table gets without one)."""
-    table = load_table(device_name)
-    entries = table.get(op, []) if table else []
+    entries = op_entries(load_table(device_name), op)
     for field, rule in _RULES[op].items():
         if field == "m" or not entries:
             continue
@@ -270,13 +273,22 @@ def triton_configs(device_name: str, op: str, key: dict[str, int]) -> list[Shrin
     return sorted(configs, key=str)
 
 
+def op_entries(table: dict[str, Any] | None, op: str) -> list[dict[str, Any]]:
+    """A table's entries of ``op``; for ``expand_in_gemm`` in a table without any, its
+    ``expand`` entries (tables tuned before the in-GEMM expand had its own)."""
+    if not table:
+        return []
+    if op == "expand_in_gemm" and not table.get(op):
+        return table.get("expand", [])
+    return table.get(op, [])
+
+
 def _lookup(device_name: str, op: str, key: dict[str, int]) -> dict | None:
-    table = load_table(device_name)
-    return nearest_entry(table.get(op, []), op, key) if table else None
+    return nearest_entry(op_entries(load_table(device_name), op), op, key)
 
 
 IMPLS = ("triton", "cuda", "cublas")
-_FIELDS = {"shrink": ("k", "n", "m"), "expand": ("n", "s", "r", "m")}
+_FIELDS = {"shrink": ("k", "n", "m"), "expand": ("n", "s", "r", "m"), "expand_in_gemm": ("n", "s", "r", "m")}
 
 
 @functools.lru_cache(maxsize=65536)

@@ -2,7 +2,9 @@
 
 For every shape of the grid (each layer's dims and slice count, each rank, each token
 count) it times every candidate tile config of the shrink and the expand kernel on
-the current GPU and writes the best of each to a table::
+the current GPU, and of the expand of the shrink inside the base GEMM (``expand_in_gemm``:
+the same kernel over the GEMM output's layout, what graph batches run where the pool's A rows
+are appended; its best tiles differ), and writes the best of each to a table::
 
     python -m sglang_vlora.atmm.tune --model qwen2-vl-7b llava-1.5-7b \\
         --ranks 8 16 32 64 128 --max-tokens 8192
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, cuda_ext, tiling, triton_kernels
+from sglang_vlora.atmm import cublas_ops, cuda_ext, in_gemm, tiling, triton_kernels
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 
 # Layer shapes as (d_in, output widths of the stacked slices).
@@ -58,7 +60,8 @@ MODELS: dict[str, list[tuple[int, tuple[int, ...]]]] = {
 }
 DEFAULT_TOKENS = tiling.TOKEN_GRID
 
-Shape = tuple  # ("shrink", k, n, m) or ("expand", n, s, r, m, widths)
+Shape = tuple  # ("shrink", k, n, m) or ("expand" | "expand_in_gemm", n, s, r, m, widths)
+EXPAND_OPS = ("expand", "expand_in_gemm")
 
 
 def parse_layer(spec: str) -> tuple[int, tuple[int, ...]]:
@@ -77,12 +80,16 @@ def build_shapes(
         for r in ranks:
             for m in tokens:
                 shapes[("shrink", d_in, s * r, m)] = None
-                shapes[("expand", sum(widths), s, r, m, widths)] = None
+                for op in EXPAND_OPS:
+                    shapes[(op, sum(widths), s, r, m, widths)] = None
     return list(shapes)
 
 
 class Problem:
-    """Random inputs of one shape: ``min(4, m)`` items of rank ``r`` over ``m`` tokens."""
+    """Random inputs of one shape: ``min(4, m)`` items of rank ``r`` over ``m`` tokens. An
+    ``expand_in_gemm`` shape reads its intermediate and base from one GEMM output laid out as
+    :mod:`sglang_vlora.atmm.in_gemm`'s (every slot's ``S * r`` columns after the base's) and
+    writes a new output; it runs Triton only."""
 
     def __init__(self, shape: Shape, dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
         self.shape = shape
@@ -107,15 +114,22 @@ class Problem:
             for w in widths:
                 offsets.append(offsets[-1] + w)
             self.offsets = offsets
-            self.inter = torch.randn(m, s * r, dtype=dtype, device=device)
             self.b = torch.randn(n_items + 1, offsets[-1], r, dtype=dtype, device=device) / r**0.5
             self.out = torch.randn(m, offsets[-1], dtype=dtype, device=device)
+            self.layout = None
+            if op == "expand_in_gemm":
+                gemm_out = torch.randn(m, offsets[-1] + (n_items + 1) * s * r, dtype=dtype, device=device)
+                self.inter, self.layout = in_gemm.split_output(gemm_out, offsets[-1], n_items + 1)
+            else:
+                self.inter = torch.randn(m, s * r, dtype=dtype, device=device)
 
     def launcher(self, cfg: ShrinkConfig | ExpandConfig, impl: str = "triton") -> Callable[[], None]:
         """A no-argument launch of this problem with ``cfg`` on ``impl``. The two
         implementations take the same arguments except the grid's rows: Triton a row
         bound, CUDA the exact row tiles of the items."""
         it = self.items
+        if self.shape[0] == "expand_in_gemm" and impl != "triton":
+            raise ValueError("the in-GEMM expand runs Triton only")
         if impl == "cublas":
             if self.shape[0] == "shrink":
                 return lambda: cublas_ops.shrink(self.x, self.a, self.inter, it, 1)
@@ -130,6 +144,8 @@ class Problem:
             return lambda: module.launch_shrink(*args)
         args = (self.inter, self.b, self.out, it.seg_starts, it.seg_lens, it.slots, it.scales, it.row_starts,
                 None, 1, it.ranks, None, self.offsets, rows, cfg)
+        if self.layout is not None:
+            return lambda: module.launch_expand(*args, in_gemm=self.layout)
         return lambda: module.launch_expand(*args)
 
 
@@ -396,21 +412,20 @@ def write_table(
     the CUDA implementation's results (entries of shapes in ``best`` only). Returns
     the count."""
     cuda_best, cublas_best = cuda_best or {}, cublas_best or {}
-    entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}}
+    entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}, "expand_in_gemm": {}}
     if merge and path.is_file():
         old = json.loads(path.read_text())
         meta = {**meta, "runs": old.get("runs", []) + meta["runs"]}
-        for op, fields in (
-            ("shrink", ("k", "n", "m")),
-            ("expand", ("n", "s", "r", "m")),
-        ):
+        for op in entries:
+            fields = ("k", "n", "m") if op == "shrink" else ("n", "s", "r", "m")
             for e in old.get(op, []):
                 entries[op][tuple(e[f] for f in fields)] = e
     for shape, (cfg, us) in best.items():
         entry = table_entry(shape, cfg, us, cuda_best.get(shape), cublas_best.get(shape))
         fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
         entries[shape[0]][tuple(entry[f] for f in fields)] = entry
-    text = json.dumps({**meta, "shrink": "@shrink", "expand": "@expand"}, indent=1)
+    entries = {op: by_key for op, by_key in entries.items() if by_key or op != "expand_in_gemm"}
+    text = json.dumps({**meta, **{op: f"@{op}" for op in entries}}, indent=1)
     for op, by_key in entries.items():
         rows = ",\n  ".join(json.dumps(by_key[k]) for k in sorted(by_key))
         text = text.replace(f'"@{op}"', f"[\n  {rows}\n ]")
@@ -460,7 +475,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="table path (default: tables/<device>.json)",
     )
     ap.add_argument("--merge", action="store_true", help="keep other shapes of an existing table")
-    ap.add_argument("--ops", nargs="+", default=["shrink", "expand"], choices=["shrink", "expand"])
+    ap.add_argument("--ops", nargs="+", default=["shrink", "expand", "expand_in_gemm"],
+                    choices=["shrink", "expand", "expand_in_gemm"])
     ap.add_argument(
         "--impls",
         nargs="+",
@@ -499,14 +515,16 @@ def main(argv: list[str] | None = None) -> None:
     cuda_best: dict[Shape, tuple[Any, float]] = {}
     if "cuda" in args.impls:
         if cuda_ext.available():
-            cuda_best = search_cuda([sh for sh in shapes if sh in best], args.reps, args.iters, log, args.cuda_budget_s)
+            cuda_best = search_cuda([sh for sh in shapes if sh in best and sh[0] != "expand_in_gemm"], args.reps,
+                                    args.iters, log, args.cuda_budget_s)
             wins = sum(1 for sh, (_, us) in cuda_best.items() if us < best[sh][1])
             print(f"cuda: tuned {len(cuda_best)} shapes, faster than Triton on {wins}")
         else:
             print("cuda: the extension is unavailable (see the warning above); not timed")
     cublas_best: dict[Shape, float] = {}
     if "cublas" in args.impls:
-        cublas_best = search_cublas([sh for sh in shapes if sh in best], args.reps, args.iters, log)
+        cublas_best = search_cublas([sh for sh in shapes if sh in best and sh[0] != "expand_in_gemm"], args.reps,
+                                    args.iters, log)
         wins = sum(1 for sh, us in cublas_best.items() if us < best[sh][1])
         print(f"cublas: timed {len(cublas_best)} shapes, faster than Triton on {wins}")
     import triton

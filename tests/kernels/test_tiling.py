@@ -214,3 +214,25 @@ def test_triton_configs_cover_every_token_count_of_a_shape(tmp_path, monkeypatch
         assert set(tiling.triton_configs(name, "expand", {"n": 4608, "s": 3, "r": 64})) == defaults
     finally:
         tiling.clear_caches()
+
+
+def test_in_gemm_expand_has_its_own_entries_else_the_expand_ones(tmp_path, monkeypatch) -> None:
+    """The expand of the shrink inside the GEMM is tuned apart (its layout favours other tiles);
+    a table without such entries gives it the separate expand's."""
+    name, key = "Test GPU 9004", (4608, 3, 64, 1024)
+    separate, in_gemm = ExpandConfig(64, 256, 32), ExpandConfig(128, 128, 16, 8, 3)
+    expand = [_entry("expand", separate, n=4608, s=3, r=64, m=1024)]
+    monkeypatch.setenv("SGLANG_VLORA_ATMM_TABLE_DIR", str(tmp_path))
+    path = tmp_path / tiling.table_filename(name)
+    try:
+        path.write_text(json.dumps({"device": name, "shrink": [], "expand": expand}))
+        tiling.clear_caches()
+        assert tiling.choose(name, "expand_in_gemm", "triton", key) == ("triton", separate)
+        assert tiling.triton_configs(name, "expand_in_gemm", {"n": 4608, "s": 3, "r": 64}) == [separate]
+        own = [_entry("expand", in_gemm, n=4608, s=3, r=64, m=1024)]
+        path.write_text(json.dumps({"device": name, "shrink": [], "expand": expand, "expand_in_gemm": own}))
+        tiling.clear_caches()
+        assert tiling.choose(name, "expand_in_gemm", "auto", key) == ("triton", in_gemm)
+        assert tiling.choose(name, "expand", "auto", key) == ("triton", separate)
+    finally:
+        tiling.clear_caches()

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import zlib
 
+import pytest
+import torch
+
 from sglang_vlora.atmm import tiling, tune
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import assign_layers
@@ -16,6 +19,7 @@ def test_parse_layer_and_shapes() -> None:
     shapes = tune.build_shapes([(4096, (4096,)), (11008, (4096,))], [8, 16], [1, 32])
     # o_proj and down_proj share their expand shapes: counted once
     assert len([s for s in shapes if s[0] == "expand"]) == 4
+    assert len([s for s in shapes if s[0] == "expand_in_gemm"]) == 4
     assert len([s for s in shapes if s[0] == "shrink"]) == 8
     assert ("shrink", 11008, 16, 32) in shapes
 
@@ -139,3 +143,31 @@ def test_search_budget_cuts_stage_1_then_stage_2(monkeypatch) -> None:
     assert list(best) == shapes[:1]
     assert len(gpu.timed) == first
     assert best[shapes[0]][1] == min(_cost(shapes[0], c) for _, c in gpu.timed)
+
+
+def test_write_table_keeps_the_in_gemm_expand_apart(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    key = ("expand", 4096, 1, 64, 16, (4096,))
+    tune.write_table({key: (ExpandConfig(16, 64, 32), 2.0)}, path, {"device": "X", "runs": []})
+    assert "expand_in_gemm" not in json.loads(path.read_text())  # none tuned: no key
+    in_gemm = ("expand_in_gemm", *key[1:])
+    tune.write_table({in_gemm: (ExpandConfig(64, 128, 16, 8), 3.0)}, path, {"device": "X", "runs": []}, merge=True)
+    table = json.loads(path.read_text())
+    assert [ExpandConfig(**e["config"]) for e in table["expand"]] == [ExpandConfig(16, 64, 32)]
+    assert [ExpandConfig(**e["config"]) for e in table["expand_in_gemm"]] == [ExpandConfig(64, 128, 16, 8)]
+
+
+def test_in_gemm_problem_times_the_in_gemm_expand(monkeypatch) -> None:
+    """The tuner's in-GEMM problem runs the expand over a GEMM output's layout (the
+    interpreter on CPU): a new output of base + scale * inter_slot @ B_slot^T per token."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    problem = tune.Problem(("expand_in_gemm", 32, 1, 8, 6, (32,)), dtype=torch.float32, device="cpu")
+    problem.launcher(ExpandConfig(16, 32, 16))()
+    it, layout = problem.items, problem.layout
+    want = layout.base.double().clone()
+    for start, n, slot in zip(it.seg_starts_host, it.seg_lens_host, it.slots_host, strict=True):
+        block = problem.inter[start : start + n, slot * 8 : (slot + 1) * 8].double()
+        want[start : start + n] += block @ problem.b[slot].double().T
+    torch.testing.assert_close(problem.out.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="Triton only"):
+        problem.launcher(None, "cublas")
