@@ -287,7 +287,7 @@ def search(
     log: Callable[[str], None],
     budget_s: float | None = None,
 ) -> dict[Shape, tuple[Any, float]]:
-    """Two-stage search of the shrink shapes, then of the expand shapes: the best config and
+    """Two-stage search of the shrink shapes, then of each expand op's: the best config and
     its microseconds per shape. With ``budget_s`` each op gets an equal share of it (timing
     time, counted after stage 1's compilation): stage 1 stops taking new shapes at 70% of the
     share (later shapes are left out of the table: the nearest-shape rule covers them) and
