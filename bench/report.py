@@ -222,9 +222,6 @@ KERNEL_METHODS = {
     "bmm": "padded bmm (dLoRA-like)",
 }
 PEERS = ("sglang_triton", "sglang_csgmv", "bmm")
-# Methods runs of bench/kernels.py timed that are no entry point any more: not shown, never
-# counted as ATMM's best (docs/atmm.md says what they measured).
-RETIRED_METHODS = ("atmm_expand_first",)
 # The ATMM issue's targets: rank-64 prefill of 1k-8k tokens at most 20% (stretch 10%), decode up
 # to 32 tokens at most 30% (every rank).
 TARGET_PCT = {"prefill": 20.0, "decode": 30.0}
@@ -240,7 +237,7 @@ def _kernel_rows(*runs: dict) -> list[dict]:
 def _methods(rows: list[dict]) -> list[str]:
     """The methods the rows report, known ones first in :data:`KERNEL_METHODS` order (a new
     method of bench/kernels.py shows under its own name)."""
-    seen = dict.fromkeys(m for r in rows for m in r["extra_pct"] if m not in RETIRED_METHODS)
+    seen = dict.fromkeys(m for r in rows for m in r["extra_pct"])
     return [m for m in KERNEL_METHODS if m in seen] + [m for m in seen if m not in KERNEL_METHODS]
 
 
@@ -444,7 +441,6 @@ def kernels_ranges(proj: dict, slices: dict) -> str:
     return "\n".join(lines)
 
 
-
 @block("in-gemm-parts", "in_gemm_parts_h200.json")
 def in_gemm_parts(parts: dict) -> str:
     """docs/atmm.md: the shrink-in-GEMM op's time by part (bench/in_gemm_parts.py), % of the base GEMM."""
@@ -457,6 +453,7 @@ def in_gemm_parts(parts: dict) -> str:
             f"{p['expand_pct']:.1f} | {p['in_gemm_pct']:.1f} | {p['copy_floor_pct']:.1f} | {p['expand_over_copy']:.2f} |"
         )
     return "\n".join(lines)
+
 
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
 
