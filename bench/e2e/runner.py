@@ -201,7 +201,7 @@ def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dic
             print(f"[e2e] {name}: skipped (needs a CUDA GPU)", flush=True)
         else:
             runnable.append(system)
-    report["setup"]["memory"] = servers.check_memory(setup, model, len(runnable), report["gpu"])
+    report["setup"]["memory"] = servers.check_memory(setup, model, len(runnable), report["gpu"], extra)
     print(f"[e2e] starting {len(runnable)} servers side by side: {', '.join(s.name for s in runnable)}", flush=True)
     live = servers.start_all(runnable, setup, model, adapters, log_dir, extra)
     for s in runnable:

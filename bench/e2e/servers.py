@@ -37,8 +37,13 @@ from sglang_vlora.server_process import ServerProcess
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30
 MEM_FRACTION = 0.85
-# Per server beyond weights and KV cache: CUDA context, graphs, activations, plugin buffers.
+# Per server beyond weights and KV cache: CUDA context, decode graphs, activations, plugin buffers.
 OVERHEAD_GIB = 6.0
+# The same with prefill CUDA graphs (``--cuda-graph-backend-prefill``). Measured on the H200 with
+# the 7B-shaped model and graphs up to 2048 tokens: three servers left 40 GiB of 139.8 free after
+# their captures (about 33 GiB each, 14 beyond weights and KV cache), and four of them ran out of
+# memory in their warm-up at 33.5-35.9 GiB each.
+PREFILL_GRAPH_OVERHEAD_GIB = 15.0
 
 
 def prepare_assets(setup: Setup, cache: Path) -> tuple[Path, dict[str, Path], dict[str, Any]]:
@@ -80,17 +85,20 @@ def kv_bytes(model_dir: Path, tokens: int, bytes_per_value: int = 2) -> int:
     return tokens * t["num_hidden_layers"] * 2 * t["num_key_value_heads"] * head_dim * bytes_per_value
 
 
-def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The memory plan of ``n_servers`` side by side; ValueError when they cannot fit."""
+def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] | None,
+                 extra: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The memory plan of ``n_servers`` side by side (``extra``: the server flags every
+    system gets on top of the setup's); ValueError when they cannot fit."""
     if gpu is None or setup.scale != "gpu":
         return None
     tokens = int(setup.common_flags[setup.common_flags.index("--max-total-tokens") + 1])
-    per_server = (weight_bytes(model) + kv_bytes(model, tokens)) / GIB + OVERHEAD_GIB
+    overhead = PREFILL_GRAPH_OVERHEAD_GIB if "--cuda-graph-backend-prefill" in extra else OVERHEAD_GIB
+    per_server = (weight_bytes(model) + kv_bytes(model, tokens)) / GIB + overhead
     free = gpu["memory_free_mib"] / 1024
     if n_servers * per_server > 0.95 * free:
         raise ValueError(
             f"{n_servers} servers need about {n_servers * per_server:.0f} GiB ({per_server:.0f} GiB each: "
-            f"weights, a {tokens}-token KV cache, {OVERHEAD_GIB:.0f} GiB of graphs and activations) but "
+            f"weights, a {tokens}-token KV cache, {overhead:.0f} GiB of graphs and activations) but "
             f"{free:.0f} GiB of GPU memory is free: run fewer systems per call (--systems)")
     return {"servers": n_servers, "estimated_gib_per_server": round(per_server, 1), "free_gib": round(free, 1),
             "mem_fraction_static": MEM_FRACTION, "max_total_tokens": tokens}

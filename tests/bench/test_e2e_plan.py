@@ -179,3 +179,20 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
     assert "| 950 (n=1) |" in second and second.count("figures:e2e-headline") == 2
     with pytest.raises(ValueError, match="no e2e headline block"):
         report.put_headline("no markers", "x")
+
+
+def test_memory_check_counts_prefill_graphs(tmp_path):
+    """Four 7B-shaped servers with prefill CUDA graphs ran out of memory on the 139.8 GiB H200;
+    the check refuses them up front and lets three through (and four without those graphs)."""
+    from bench import e2e_assets
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": e2e_assets.QWEN2VL_7B_TEXT,
+                                                      "vision_config": e2e_assets.QWEN2VL_7B_VISION}))
+    h200 = {"memory_free_mib": 143156}
+    graphs = ["--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "2048"]
+    plan_3 = servers.check_memory(plan.GPU_SETUP, tmp_path, 3, h200, graphs)
+    assert 32 < plan_3["estimated_gib_per_server"] < 36
+    with pytest.raises(ValueError, match="4 servers need about 13[0-9] GiB"):
+        servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200, graphs)
+    assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200)["estimated_gib_per_server"] < 26
+    assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, None, graphs) is None  # no GPU: nothing to plan
