@@ -288,7 +288,8 @@ def _lookup(device_name: str, op: str, key: dict[str, int]) -> dict | None:
 
 
 IMPLS = ("triton", "cuda", "cublas")
-_FIELDS = {"shrink": ("k", "n", "m"), "expand": ("n", "s", "r", "m"), "expand_in_gemm": ("n", "s", "r", "m")}
+# Each op's shape key, in the order of ``choose``'s ``dims`` and of a table entry's fields.
+KEY_FIELDS = {"shrink": ("k", "n", "m"), "expand": ("n", "s", "r", "m"), "expand_in_gemm": ("n", "s", "r", "m")}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -302,7 +303,7 @@ def choose(device_name: str, op: str, impl: str, dims: tuple[int, ...]) -> tuple
     default when the entry has none."""
     if impl not in ("auto", *IMPLS):
         raise ValueError(f"unknown ATMM implementation {impl!r}")
-    key = dict(zip(_FIELDS[op], dims, strict=True))
+    key = dict(zip(KEY_FIELDS[op], dims, strict=True))
     entry = _lookup(device_name, op, key)
     if impl == "auto":
         impl = entry.get("impl", "triton") if entry else "triton"

@@ -383,7 +383,7 @@ def table_entry(
     """One table entry: the key, Triton's best ``config`` / ``us``, with a CUDA result
     ``"cuda": {"config", "us"}``, with a cuBLAS one ``"cublas": {"us"}``, and then
     ``"impl"``, the fastest implementation."""
-    fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
+    fields = tiling.KEY_FIELDS[shape[0]]
     entry = {**dict(zip(fields, shape[1 : 1 + len(fields)], strict=True)), "config": asdict(cfg)}
     entry["us"] = round(us, 3)
     timed = {"triton": us}
@@ -412,18 +412,16 @@ def write_table(
     the CUDA implementation's results (entries of shapes in ``best`` only). Returns
     the count."""
     cuda_best, cublas_best = cuda_best or {}, cublas_best or {}
-    entries: dict[str, dict[tuple, dict]] = {"shrink": {}, "expand": {}, "expand_in_gemm": {}}
+    entries: dict[str, dict[tuple, dict]] = {op: {} for op in tiling.KEY_FIELDS}
     if merge and path.is_file():
         old = json.loads(path.read_text())
         meta = {**meta, "runs": old.get("runs", []) + meta["runs"]}
-        for op in entries:
-            fields = ("k", "n", "m") if op == "shrink" else ("n", "s", "r", "m")
+        for op, fields in tiling.KEY_FIELDS.items():
             for e in old.get(op, []):
                 entries[op][tuple(e[f] for f in fields)] = e
     for shape, (cfg, us) in best.items():
         entry = table_entry(shape, cfg, us, cuda_best.get(shape), cublas_best.get(shape))
-        fields = ("k", "n", "m") if shape[0] == "shrink" else ("n", "s", "r", "m")
-        entries[shape[0]][tuple(entry[f] for f in fields)] = entry
+        entries[shape[0]][tuple(entry[f] for f in tiling.KEY_FIELDS[shape[0]])] = entry
     entries = {op: by_key for op, by_key in entries.items() if by_key or op != "expand_in_gemm"}
     text = json.dumps({**meta, **{op: f"@{op}" for op in entries}}, indent=1)
     for op, by_key in entries.items():
@@ -475,8 +473,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="table path (default: tables/<device>.json)",
     )
     ap.add_argument("--merge", action="store_true", help="keep other shapes of an existing table")
-    ap.add_argument("--ops", nargs="+", default=["shrink", "expand", "expand_in_gemm"],
-                    choices=["shrink", "expand", "expand_in_gemm"])
+    ap.add_argument("--ops", nargs="+", default=list(tiling.KEY_FIELDS), choices=list(tiling.KEY_FIELDS))
     ap.add_argument(
         "--impls",
         nargs="+",
