@@ -409,11 +409,14 @@ def put_headline(text: str, block_text: str) -> str:
 
 
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
-    """One results file for the docs: every run (without the raw ``/vlora/status``
-    snapshots), the files they came from, and their ``provenance``
-    (:func:`bench.provenance.combined`)."""
+    """One results file for the docs: every run, the files they came from, and their
+    ``provenance`` (:func:`bench.provenance.combined`). Left out, because the source files
+    keep them and the docs' figures use neither: the raw ``/vlora/status`` snapshots and the
+    request-by-request lists (``per_request``, the paired comparison's input), which would
+    make this file most of the repository's size."""
+    dropped = ("vlora_status", "per_request")
     slim = [{**{k: v for k, v in r.items() if k != "_file"},
-             "measurements": [{k: v for k, v in m.items() if k != "vlora_status"} for m in r["measurements"]]}
+             "measurements": [{k: v for k, v in m.items() if k not in dropped} for m in r["measurements"]]}
             for r in runs]
     return {
         "schema": MERGED_SCHEMA,
