@@ -44,7 +44,8 @@ def cmd_calls(_args: argparse.Namespace) -> dict[str, Any]:
         priority = plan.FULL.index(name) + 1 if name in plan.FULL else "-"
         print(f"{name:15} priority {priority}: {call.scale}, servers {', '.join(call.systems)}; points "
               f"{', '.join(call.points)} x {call.repeats} = {len(order)} measurements, ~{busy:.0f} s of "
-              f"measuring after start-up and warm-up. {call.why}")
+              f"measuring after start-up and warm-up. {call.why}"
+              + (f" (server flags: {' '.join(call.server_args)})" if call.server_args else ""))
     print("\nOn the GPU machine (repo root, .sgc carried): " + device_command("<call>"))
     return {"calls": list(plan.CALLS)}
 
@@ -57,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     tag = args.tag or f"e2e_{call.name}"
     log_dir = args.log_dir or REPO / ".cache" / "bench" / "logs" / tag
     budget = args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S[call.scale]
-    return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, args.server_args, args.force)
+    extra = plan.server_args(call, args.server_args)
+    return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force)
 
 
 def cmd_report(args: argparse.Namespace) -> dict[str, Any]:

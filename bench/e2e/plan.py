@@ -175,17 +175,29 @@ class Call:
     repeats: int = 2
     why: str = ""
     scale_requests: float = 1.0  # shorter points (make bench's short run)
+    # Server flags of this call on top of the setup's. They are recorded with the run's
+    # ``--server-args`` (``extra_server_args``), so the report keys its points by them and
+    # never pools them with runs of the same point made without.
+    server_args: tuple[str, ...] = ()
 
+
+# The vision encoder's attention for calls with images. SGLang's `sdpa` backend builds a dense
+# block mask on the host and copies it from pageable memory: on the H200 one 6-frame
+# understanding request's prefill spent 116 ms in that copy and 75 ms in a masked attention
+# kernel, 300 ms in all against 105 ms with `triton_attn` (bench/results/video_timeline_h200.json).
+# Production installs on Hopper use `fa3`, which this environment lacks; `triton_attn` is the
+# nearest it has.
+VISION_FLAGS = ("--mm-attention-backend", "triton_attn")
 
 CALLS = {c.name: c for c in (
     Call("mixed-skewed", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-mixed",),
          why="headline: ours vs SGLang's default and the floor, 1024/64, Zipf 2"),
     Call("vision-skewed", "gpu", ("nolora", "vlora", "csgmv"), ("vision-skewed",),
-         why="vision-sized retrieval (256-576 visual tokens), top adapter 80%"),
+         why="vision-sized retrieval (256-576 visual tokens), top adapter 80%", server_args=VISION_FLAGS),
     Call("uniform", "gpu", ("vlora", "unmerge_only", "csgmv"), ("sgl-mixed-uniform",),
          why="uniform popularity: ours within the spread of unmerge-only, never behind csgmv"),
     Call("video", "gpu", ("vlora", "csgmv"), ("video-lm", "video-heads"),
-         why="video understanding on 6 frames: task heads vs LM decoding"),
+         why="video understanding on 6 frames: task heads vs LM decoding", server_args=VISION_FLAGS),
     Call("peers", "gpu", ("nolora", "triton", "unmerge_only"), ("sgl-mixed",),
          why="SGLang's triton backend and ATMM alone on the headline workload"),
     Call("policies", "gpu", ("nolora", "merge_only", "dlora_like", "vlora_paper"), ("sgl-mixed",),
@@ -193,9 +205,10 @@ CALLS = {c.name: c for c in (
     Call("prefill", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-prefill",), why="1024 in / 1 out"),
     Call("decode", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-decode",), why="16 in / 64 out"),
     Call("vision-uniform", "gpu", ("vlora", "unmerge_only", "csgmv"), ("vision-uniform",),
-         why="vision-sized retrieval, uniform popularity"),
+         why="vision-sized retrieval, uniform popularity", server_args=VISION_FLAGS),
     Call("short", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-mixed", "vision-skewed"), repeats=1,
-         scale_requests=0.25, why="make bench on a GPU: every client, a quarter of the requests, once"),
+         scale_requests=0.25, why="make bench on a GPU: every client, a quarter of the requests, once",
+         server_args=VISION_FLAGS),
     Call("cpu-smoke", "cpu", ("nolora", "vlora", "unmerge_only", "csgmv"),
          ("sgl-mixed", "vision-skewed", "video-lm", "video-heads"),
          why="make bench without a GPU and the CI test: the harness end to end on the tiny model"),
@@ -233,8 +246,26 @@ def get_call(name: str, systems: Sequence[str] = (), points: Sequence[str] = (),
             raise ValueError(f"--points: {p!r} is not a {call.scale} point; choose from {sorted(known)}")
     if repeats is not None and repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
-    return Call(call.name, call.scale, tuple(systems) or call.systems, tuple(points) or call.points,
-                repeats or call.repeats, call.why, call.scale_requests)
+    return replace(call, systems=tuple(systems) or call.systems, points=tuple(points) or call.points,
+                   repeats=repeats or call.repeats)
+
+
+def _flag_groups(args: Sequence[str]) -> list[list[str]]:
+    """``["--a", "1", "--b"]`` -> ``[["--a", "1"], ["--b"]]``."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def server_args(call: Call, user: Sequence[str]) -> list[str]:
+    """The extra server flags of a run: the user's ``--server-args``, then the call's own
+    flags that the user did not set (a user's flag wins)."""
+    given = {g[0] for g in _flag_groups(user)}
+    return [*user, *(a for g in _flag_groups(call.server_args) if g[0] not in given for a in g)]
 
 
 def scaled(point: Point, factor: float) -> Point:

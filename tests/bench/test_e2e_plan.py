@@ -49,6 +49,19 @@ def test_order_rotates_systems_between_repeats():
     assert plan.order(call, ["csgmv"]) == [plan.Measurement("csgmv", "sgl-mixed", r) for r in range(3)]
 
 
+def test_vision_calls_run_the_vision_encoder_with_triton_attention_unless_the_user_says_otherwise():
+    for name in ("vision-skewed", "vision-uniform", "video", "short"):
+        call = plan.get_call(name, systems=["vlora"])  # overrides keep the call's flags
+        assert call.server_args == plan.VISION_FLAGS, name
+    for name in ("mixed-skewed", "uniform", "prefill", "decode", "cpu-smoke"):
+        assert plan.get_call(name).server_args == (), name
+    video = plan.get_call("video")
+    user = ["--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "2048"]
+    assert plan.server_args(video, user) == [*user, "--mm-attention-backend", "triton_attn"]
+    assert plan.server_args(video, ["--mm-attention-backend", "sdpa"]) == ["--mm-attention-backend", "sdpa"]
+    assert plan.server_args(plan.get_call("decode"), user) == user
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"name": "nope"}, "--call 'nope' is not a call"),
     ({"name": "video", "systems": ["punica"]}, "--systems: 'punica'"),
