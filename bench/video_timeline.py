@@ -4,10 +4,11 @@ around fixed requests, one at a time, on the end-to-end benchmark's server.
     python bench/video_timeline.py --out DIR [--scale gpu] [--rounds 6] \\
         [--variant NAME='SERVER FLAGS' ...] [--profile]
 
-Each server is the ``video`` call's ``vlora`` server (:mod:`bench.e2e`: same model, adapters
-with task heads, flags) plus ``--enable-metrics``, which makes SGLang return each request's
-timestamps in ``meta_info``. A ``--variant`` is one more server side by side with extra
-flags (e.g. another ViT attention backend). The stages of a request, in milliseconds:
+Each server is the end-to-end benchmark's ``vlora`` server (:mod:`bench.e2e`: same model,
+adapters with task heads, the setup's flags, none of a call's own) plus ``--enable-metrics``,
+which makes SGLang return each request's timestamps in ``meta_info``. A ``--variant`` is one
+more server side by side with extra flags, e.g. ``vit_triton='--mm-attention-backend
+triton_attn'`` (the ``video`` call's vision encoder). The stages of a request, in milliseconds:
 
 * ``preprocess``: received by the HTTP server until handed to the scheduler (image
   decoding, the image processor, tokenisation);
