@@ -70,11 +70,23 @@ def test_below_max_batch_when_a_majority_in_flight_is_at_most_half_of_max_batch(
     assert decide("vlora", state(1.0, waiting), max_batch=3).reason == MERGE
 
 
-def test_starving_when_more_than_half_of_max_batch_starve():
-    """Three a's of a max batch of 4 waited 1 s (over theta): the majority, but starving."""
+def test_starving_when_more_than_half_of_max_batch_starve_elsewhere():
+    """Three a's running (the majority of a max batch of 4) and b, c, d waiting for 1 s
+    (over theta): merged weights would run all three in mixture, so the weights unmerge."""
+    waiting = [req(f"{x}1", x, 0.0) for x in "bcd"]
+    busy = [running(f"a{i}", "a", 1.0) for i in range(3)]
+    decision = decide("vlora", state(1.0, waiting, busy), max_batch=4)
+    assert set(decision.starving) == {"b1", "c1", "d1"}
+    assert (decision.mode, decision.reason) == (Mode.UNMERGE, STARVING)
+
+
+def test_the_top_adapters_own_starving_requests_do_not_unmerge_it():
+    """Three a's of a max batch of 4 waited 1 s (over theta): they starve, but merged weights
+    serve them fastest, so line 5 does not count them (the paper's count unmerged here)."""
     decision = decide("vlora", state(1.0, [req(f"a{i}", "a", 0.0) for i in range(3)]), max_batch=4)
     assert len(decision.starving) == 3
-    assert (decision.mode, decision.reason) == (Mode.UNMERGE, STARVING)
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "a", MERGE)
+    assert decide("dlora", state(1.0, [req(f"a{i}", "a", 0.0) for i in range(3)]), max_batch=4).reason == STARVING
 
 
 def test_kept_switch_budget_when_the_budget_holds_the_weights():

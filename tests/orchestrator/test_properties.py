@@ -193,8 +193,10 @@ def test_vlora_weights_follow_algorithm_1(state, config, cost):
     decision = make_policy("vlora", paper, cost).decide(state)
     if not state.requests:
         return
-    starving = len(decision.starving)
     counts = {a: sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None}
+    by_id = {r.rid: r for r in state.requests}
+    # Line 5 counts the starving requests the merged weights would run in mixture: not the top adapter's.
+    starving = sum(by_id[rid].adapter != top_adapter(state, counts) for rid in decision.starving)
     dominant = 2 * max(counts.values()) > config.max_batch
     expected = Mode.MERGE if dominant and starving == 0 else Mode.MIXTURE
     if not (dominant and 2 * starving <= config.max_batch):
@@ -204,7 +206,6 @@ def test_vlora_weights_follow_algorithm_1(state, config, cost):
         assert decision.adapter is None
     else:
         assert counts[decision.adapter] == max(counts.values())
-        by_id = {r.rid: r for r in state.requests}
         admitted_others = [rid for rid in decision.admit if by_id[rid].adapter != decision.adapter]
         if expected is Mode.MERGE:
             assert not admitted_others, "merge admits only the merged adapter's requests"
@@ -217,6 +218,16 @@ A_PLURALITY = hand_built(
     1.0, [req("a2", "a", 1.0), req("c1", "c", 1.0)], [running("a1", "a", 0.9), running("b1", "b", 0.9)],
     Mode.MIXTURE, "a",
 )
+
+
+def top_adapter(state: SchedulerState, counts: dict[str, int]) -> str | None:
+    """The most requested adapter as Algorithm 1 picks it (ties: the merged one, then by name)."""
+    most = max(counts.values())
+    if most == 0:
+        return None
+    if state.merged is not None and counts.get(state.merged) == most:
+        return state.merged
+    return min(a for a, n in counts.items() if n == most)
 
 
 @settings(max_examples=200, deadline=None)
@@ -233,7 +244,10 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
     if not state.requests:
         return
     counts = {a: sum(r.adapter == a for r in state.requests) for a in ADAPTERS if a is not None}
-    twice_top, twice_starving = 2 * max(counts.values()), 2 * len(decision.starving)
+    top = top_adapter(state, counts)
+    by_id = {r.rid: r for r in state.requests}
+    twice_top = 2 * max(counts.values())
+    twice_starving = 2 * sum(by_id[rid].adapter != top for rid in decision.starving)  # elsewhere: line 5's count
     in_flight, max_batch = len(state.requests), config.max_batch
     arrivals = state.recent_arrivals
 
@@ -242,8 +256,6 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
 
     line_5 = twice_top > max_batch and twice_starving <= max_batch
     merged_is_top = state.merged is not None and 0 < counts[state.merged] == max(counts.values())
-    # The top adapter (ties: the merged one, then by name) as Algorithm 1 picks it.
-    top = state.merged if merged_is_top else min(a for a, n in counts.items() if 2 * n == twice_top)
     enters = line_5 and (top == state.merged or popular(top))
     keeps = config.keep_merged == "plurality" and merged_is_top and twice_starving <= max_batch
     event(f"{config.keep_merged}: reason {decision.reason}")
