@@ -138,11 +138,25 @@ def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, flo
     return out
 
 
-def heads_speedup(agg: dict[str, dict[str, dict[str, Any]]]) -> float | None:
-    """Video-understanding latency by LM decoding over by task heads (ours)."""
-    lm = _mean(agg.get("video-lm", {}), "vlora", "video_understanding_mean")
-    heads = _mean(agg.get("video-heads", {}), "vlora", "video_understanding_mean")
-    return lm / heads if lm and heads else None
+def heads_speedup(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
+    """Video-understanding latency by LM decoding over by task heads (ours), per server
+    flags: ``""`` for the points run with the call's own flags, else the flags in brackets
+    that both points were keyed by (:func:`key_points_by_flags`)."""
+    out = {}
+    for point in agg:
+        if point != "video-lm" and not point.startswith("video-lm ["):
+            continue
+        flags = point[len("video-lm"):]
+        lm = _mean(agg[point], "vlora", "video_understanding_mean")
+        heads = _mean(agg.get("video-heads" + flags, {}), "vlora", "video_understanding_mean")
+        if lm and heads:
+            out[flags.strip()] = lm / heads
+    return out
+
+
+def _speedup_lines(agg: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    return [f"Video understanding on 6 frames, ours{', ' + flags[1:-1] if flags else ''}: task heads answer "
+            f"{speed:.2f}x faster than LM decoding." for flags, speed in sorted(heads_speedup(agg).items())]
 
 
 def _f(value: float | None, digits: int = 0) -> str:
@@ -353,9 +367,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {point} | {_f(r['lora_cost_vs_csgmv'], 2)} | {_f(r['lora_cost_vs_triton'], 2)} | "
                      f"{_f(r['mean_e2e_vs_csgmv'], 2)} | {_f(r['p99_e2e_vs_csgmv'], 2)} | "
                      f"{_f(r['mean_e2e_vs_unmerge_only'], 2)} |")
-    speed = heads_speedup(agg)
-    if speed is not None:
-        lines += ["", f"Video understanding (6 frames), ours: LM decoding / task heads latency = {speed:.2f}x."]
+    speeds = _speedup_lines(agg)
+    if speeds:
+        lines += ["", *speeds]
     lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
     paired = paired_table(runs)
     if paired:
@@ -393,9 +407,9 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
         cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]
         lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + f" | "
                      f"{_f(rat[point]['lora_cost_vs_csgmv'], 2)} |")
-    speed = heads_speedup(agg)
-    if speed is not None:
-        lines += ["", f"Video understanding on 6 frames, ours: task heads answer {speed:.2f}x faster than LM decoding."]
+    speeds = _speedup_lines(agg)
+    if speeds:
+        lines += ["", *speeds]
     return "\n".join(lines)
 
 

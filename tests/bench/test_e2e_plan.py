@@ -209,3 +209,18 @@ def test_memory_check_counts_prefill_graphs(tmp_path):
         servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200, graphs)
     assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200)["estimated_gib_per_server"] < 26
     assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, None, graphs) is None  # no GPU: nothing to plan
+
+
+def test_heads_speedup_pairs_the_video_points_run_with_the_same_flags():
+    def point(ms: float) -> dict:
+        return {"vlora": {"video_understanding_mean": {"mean": ms}}}
+
+    agg = {"video-lm": point(400.0), "video-heads": point(320.0),
+           "video-lm [--mm-attention-backend triton_attn]": point(300.0),
+           "video-heads [--mm-attention-backend triton_attn]": point(200.0),
+           "video-lm [--disable-radix-cache]": point(500.0)}  # no heads point with these flags
+    assert report.heads_speedup(agg) == pytest.approx({"": 1.25, "[--mm-attention-backend triton_attn]": 1.5})
+    lines = report._speedup_lines(agg)
+    assert lines == ["Video understanding on 6 frames, ours: task heads answer 1.25x faster than LM decoding.",
+                     "Video understanding on 6 frames, ours, --mm-attention-backend triton_attn: task heads answer "
+                     "1.50x faster than LM decoding."]
