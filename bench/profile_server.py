@@ -62,7 +62,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -72,6 +74,7 @@ sys.path.insert(0, str(REPO))
 from bench import e2e_assets, provenance  # noqa: E402
 from sglang_vlora.orchestrator.iteration_fit import IterationFit  # noqa: E402
 
+T = TypeVar("T")
 RANK = 64
 N_ADAPTERS = 4
 KV_TOKENS = 65536
@@ -291,25 +294,32 @@ def _read_log(path: Path) -> list[str]:
         return f.read().splitlines()
 
 
-def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
-                     rng: random.Random) -> tuple[Path, float]:
-    n, prompt, output, adapters = SCENARIOS[scenario]
-    payload = batch_payload(n, prompt, output, adapters, names, rng)
-    prefix = f"{scenario}-{int(time.time() * 1000)}"
+def profiled(url: str, trace_dir: Path, label: str, send: Callable[[], T]) -> tuple[Path, T]:
+    """``send()`` inside one window of SGLang's torch profiler (``/start_profile`` ..
+    ``/stop_profile``); the window's trace file and what ``send`` returned."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"{label}-{int(time.time() * 1000)}"
     before = set(trace_dir.glob("*"))
     body = {"output_dir": str(trace_dir), "activities": ["CPU", "GPU"], "with_stack": False,
             "record_shapes": False, "profile_prefix": prefix}
     httpx.post(url + "/start_profile", json=body, timeout=60).raise_for_status()
-    seconds = run_batch(url, payload)
+    result = send()
     httpx.post(url + "/stop_profile", timeout=300).raise_for_status()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         new = [p for p in set(trace_dir.glob("*")) - before if prefix in p.name and p.stat().st_size > 0]
         if new:
             time.sleep(1.0)  # let the writer finish
-            return sorted(new)[0], seconds
+            return sorted(new)[0], result
         time.sleep(0.5)
-    raise RuntimeError(f"no trace for {scenario} in {trace_dir}")
+    raise RuntimeError(f"no trace for {label} in {trace_dir}")
+
+
+def profile_scenario(url: str, scenario: str, names: list[str] | None, trace_dir: Path,
+                     rng: random.Random) -> tuple[Path, float]:
+    n, prompt, output, adapters = SCENARIOS[scenario]
+    payload = batch_payload(n, prompt, output, adapters, names, rng)
+    return profiled(url, trace_dir, scenario, lambda: run_batch(url, payload))
 
 
 # ------------------------------------------------------------------------- analysis

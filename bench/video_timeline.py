@@ -18,6 +18,10 @@ triton_attn'`` (the ``video`` call's vision encoder). The stages of a request, i
 * ``decode``: the rest of the server's time (decode steps);
 * ``client``: the client's latency minus the server's span (HTTP, response).
 
+The stamps come from three processes (HTTP server, scheduler, client), each converted from
+its own monotonic clock to wall time: a stage of a few milliseconds can read slightly
+negative.
+
 Scenarios, one request (or one chunk's pair) each, the kinds taking turns in every round;
 every request has frames of its own, so nothing but the shared system prompt is cached:
 
@@ -161,27 +165,10 @@ def summary(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 def profile_prefill(client: httpx.Client, url: str, request: Request, trace_dir: Path) -> dict[str, Any]:
     """One ``understand_prefill`` request under SGLang's torch profiler, summarised."""
-    from bench.profile_server import load_events, summarise
+    from bench.profile_server import load_events, profiled, summarise
 
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    before = set(trace_dir.glob("*"))
-    prefix = f"video-{int(time.time() * 1000)}"
-    body = {"output_dir": str(trace_dir), "activities": ["CPU", "GPU"], "with_stack": False,
-            "record_shapes": False, "profile_prefix": prefix}
-    client.post(url + "/start_profile", json=body, timeout=60).raise_for_status()
-    result = post(client, url, with_tokens(request, 1))
-    client.post(url + "/stop_profile", timeout=300).raise_for_status()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        new = [p for p in set(trace_dir.glob("*")) - before if prefix in p.name and p.stat().st_size > 0]
-        if new:
-            time.sleep(1.0)
-            out = summarise(load_events(sorted(new)[0]), decode=False)
-            out["request"] = result
-            out["trace"] = sorted(new)[0].name
-            return out
-        time.sleep(0.5)
-    raise RuntimeError(f"no trace in {trace_dir}")
+    trace, result = profiled(url, trace_dir, "video", lambda: post(client, url, with_tokens(request, 1)))
+    return {**summarise(load_events(trace), decode=False), "request": result, "trace": trace.name}
 
 
 def measure_server(srv: Any, names: list[str], rounds: int, scale: str, seed: int,
