@@ -264,7 +264,7 @@ def _flag_groups(args: Sequence[str]) -> list[list[str]]:
 def server_args(call: Call, user: Sequence[str]) -> list[str]:
     """The extra server flags of a run: the user's ``--server-args``, then the call's own
     flags that the user did not set (a user's flag wins)."""
-    given = {g[0] for g in _flag_groups(user)}
+    given = {g[0].split("=", 1)[0] for g in _flag_groups(user)}  # --flag value or --flag=value
     return [*user, *(a for g in _flag_groups(call.server_args) if g[0] not in given for a in g)]
 
 

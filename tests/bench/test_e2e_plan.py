@@ -59,6 +59,7 @@ def test_vision_calls_run_the_vision_encoder_with_triton_attention_unless_the_us
     user = ["--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "2048"]
     assert plan.server_args(video, user) == [*user, "--mm-attention-backend", "triton_attn"]
     assert plan.server_args(video, ["--mm-attention-backend", "sdpa"]) == ["--mm-attention-backend", "sdpa"]
+    assert plan.server_args(video, ["--mm-attention-backend=sdpa"]) == ["--mm-attention-backend=sdpa"]
     assert plan.server_args(plan.get_call("decode"), user) == user
 
 
