@@ -16,9 +16,10 @@ One deviation: line 5's count of starving requests leaves out the most-requested
 own. Merged weights serve those at no LoRA cost, the fastest way there is to serve them;
 the paper's count unmerged for them, which only slowed them down and switched the weights
 twice. On the benchmark's video workload (one adapter; detection requests run longer than
-the derived theta, so they starve while running) the paper's count unmerged 33-75% of the
-iterations with 47-61 switches a minute (docs/orchestrator.md). The other adapters' starving
-requests, which would run in mixture, count as in the paper.
+the derived theta, so they starve while running) the paper's count ran up to 44% of the
+iterations unmerged, with up to 61 switches a minute; this count, none and none
+(docs/orchestrator.md). The other adapters' starving requests, which would run in mixture,
+count as in the paper.
 
 What happens to the other adapters' requests while an adapter is merged is the
 ``admission`` knob (``--vlora-admission``):
