@@ -44,6 +44,9 @@ OVERHEAD_GIB = 6.0
 # their captures (about 33 GiB each, 14 beyond weights and KV cache), and four of them ran out of
 # memory in their warm-up at 33.5-35.9 GiB each.
 PREFILL_GRAPH_OVERHEAD_GIB = 15.0
+# ``--mm-feature-transport cuda_ipc``: the tokenizer's GPU pool for processed pixels, SGLang's
+# default ``SGLANG_MM_FEATURE_CACHE_MB`` (1024 MiB), outside ``--mem-fraction-static``.
+FEATURE_POOL_GIB = 1.0
 
 
 def prepare_assets(setup: Setup, cache: Path) -> tuple[Path, dict[str, Path], dict[str, Any]]:
@@ -93,6 +96,8 @@ def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] 
         return None
     tokens = int(setup.common_flags[setup.common_flags.index("--max-total-tokens") + 1])
     overhead = PREFILL_GRAPH_OVERHEAD_GIB if "--cuda-graph-backend-prefill" in extra else OVERHEAD_GIB
+    if _flag_value(extra, "--mm-feature-transport") == "cuda_ipc":
+        overhead += FEATURE_POOL_GIB
     per_server = (weight_bytes(model) + kv_bytes(model, tokens)) / GIB + overhead
     free = gpu["memory_free_mib"] / 1024
     if n_servers * per_server > 0.95 * free:
@@ -102,6 +107,17 @@ def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] 
             f"{free:.0f} GiB of GPU memory is free: run fewer systems per call (--systems)")
     return {"servers": n_servers, "estimated_gib_per_server": round(per_server, 1), "free_gib": round(free, 1),
             "mem_fraction_static": MEM_FRACTION, "max_total_tokens": tokens}
+
+
+def _flag_value(flags: Sequence[str], flag: str) -> str | None:
+    """The last value given to ``flag`` (``--flag value`` or ``--flag=value``), or None."""
+    value = None
+    for i, arg in enumerate(flags):
+        if arg == flag and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def command(system: System, setup: Setup, model: Path, adapters: dict[str, Path],

@@ -49,7 +49,7 @@ def test_order_rotates_systems_between_repeats():
     assert plan.order(call, ["csgmv"]) == [plan.Measurement("csgmv", "sgl-mixed", r) for r in range(3)]
 
 
-def test_vision_calls_run_the_vision_encoder_with_triton_attention_unless_the_user_says_otherwise():
+def test_vision_calls_run_triton_vision_attention_and_gpu_feature_transport_unless_the_user_says_otherwise():
     for name in ("vision-skewed", "vision-uniform", "video", "short"):
         call = plan.get_call(name, systems=["vlora"])  # overrides keep the call's flags
         assert call.server_args == plan.VISION_FLAGS, name
@@ -57,9 +57,12 @@ def test_vision_calls_run_the_vision_encoder_with_triton_attention_unless_the_us
         assert plan.get_call(name).server_args == (), name
     video = plan.get_call("video")
     user = ["--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "2048"]
-    assert plan.server_args(video, user) == [*user, "--mm-attention-backend", "triton_attn"]
-    assert plan.server_args(video, ["--mm-attention-backend", "sdpa"]) == ["--mm-attention-backend", "sdpa"]
-    assert plan.server_args(video, ["--mm-attention-backend=sdpa"]) == ["--mm-attention-backend=sdpa"]
+    assert plan.server_args(video, user) == [*user, "--mm-attention-backend", "triton_attn",
+                                             "--mm-feature-transport", "cuda_ipc"]
+    assert plan.server_args(video, ["--mm-attention-backend", "sdpa"]) == [
+        "--mm-attention-backend", "sdpa", "--mm-feature-transport", "cuda_ipc"]
+    assert plan.server_args(video, ["--mm-attention-backend=sdpa", "--mm-feature-transport=cpu"]) == [
+        "--mm-attention-backend=sdpa", "--mm-feature-transport=cpu"]
     assert plan.server_args(plan.get_call("decode"), user) == user
 
 
@@ -195,7 +198,7 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
         report.put_headline("no markers", "x")
 
 
-def test_memory_check_counts_prefill_graphs(tmp_path):
+def test_memory_check_counts_prefill_graphs_and_the_feature_pool(tmp_path):
     """Four 7B-shaped servers with prefill CUDA graphs ran out of memory on the 139.8 GiB H200;
     the check refuses them up front and lets three through (and four without those graphs)."""
     from bench import e2e_assets
@@ -210,6 +213,11 @@ def test_memory_check_counts_prefill_graphs(tmp_path):
         servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200, graphs)
     assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, h200)["estimated_gib_per_server"] < 26
     assert servers.check_memory(plan.GPU_SETUP, tmp_path, 4, None, graphs) is None  # no GPU: nothing to plan
+    for ipc in (["--mm-feature-transport", "cuda_ipc"], ["--mm-feature-transport=cuda_ipc"]):
+        with_pool = servers.check_memory(plan.GPU_SETUP, tmp_path, 3, h200, graphs + ipc)
+        assert with_pool["estimated_gib_per_server"] == pytest.approx(plan_3["estimated_gib_per_server"] + 1.0)
+    cpu_transport = servers.check_memory(plan.GPU_SETUP, tmp_path, 3, h200, graphs + ["--mm-feature-transport", "cpu"])
+    assert cpu_transport == plan_3
 
 
 def test_heads_speedup_pairs_the_video_points_run_with_the_same_flags():
