@@ -264,6 +264,17 @@ def _flag_groups(args: Sequence[str]) -> list[list[str]]:
     return groups
 
 
+def flag_value(flags: Sequence[str], flag: str) -> str | None:
+    """The last value given to ``flag`` in server flags (``--flag value`` or ``--flag=value``);
+    None if it is absent or has no value."""
+    value = None
+    for group in _flag_groups(flags):
+        name, inline, text = group[0].partition("=")
+        if name == flag:
+            value = text if inline else (group[1] if len(group) > 1 else None)
+    return value
+
+
 def server_args(call: Call, user: Sequence[str]) -> list[str]:
     """The extra server flags of a run: the user's ``--server-args``, then the call's own
     flags that the user did not set (a user's flag wins)."""

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.e2e.plan import Setup, System
+from bench.e2e.plan import Setup, System, flag_value
 from sglang_vlora import server_process
 from sglang_vlora.server_process import ServerProcess
 
@@ -96,7 +96,7 @@ def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] 
         return None
     tokens = int(setup.common_flags[setup.common_flags.index("--max-total-tokens") + 1])
     overhead = PREFILL_GRAPH_OVERHEAD_GIB if "--cuda-graph-backend-prefill" in extra else OVERHEAD_GIB
-    if _flag_value(extra, "--mm-feature-transport") == "cuda_ipc":
+    if flag_value(extra, "--mm-feature-transport") == "cuda_ipc":
         overhead += FEATURE_POOL_GIB
     per_server = (weight_bytes(model) + kv_bytes(model, tokens)) / GIB + overhead
     free = gpu["memory_free_mib"] / 1024
@@ -107,17 +107,6 @@ def check_memory(setup: Setup, model: Path, n_servers: int, gpu: dict[str, Any] 
             f"{free:.0f} GiB of GPU memory is free: run fewer systems per call (--systems)")
     return {"servers": n_servers, "estimated_gib_per_server": round(per_server, 1), "free_gib": round(free, 1),
             "mem_fraction_static": MEM_FRACTION, "max_total_tokens": tokens}
-
-
-def _flag_value(flags: Sequence[str], flag: str) -> str | None:
-    """The last value given to ``flag`` (``--flag value`` or ``--flag=value``), or None."""
-    value = None
-    for i, arg in enumerate(flags):
-        if arg == flag and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def command(system: System, setup: Setup, model: Path, adapters: dict[str, Path],

@@ -66,6 +66,14 @@ def test_vision_calls_run_triton_vision_attention_and_gpu_feature_transport_unle
     assert plan.server_args(plan.get_call("decode"), user) == user
 
 
+def test_flag_value_reads_both_forms_and_the_last_one_wins():
+    flags = ["--mm-feature-transport", "cpu", "--enable-metrics", "--mm-feature-transport=cuda_ipc"]
+    assert plan.flag_value(flags, "--mm-feature-transport") == "cuda_ipc"
+    assert plan.flag_value(flags[:3], "--mm-feature-transport") == "cpu"
+    assert plan.flag_value(flags, "--enable-metrics") is None
+    assert plan.flag_value(flags, "--mm-attention-backend") is None
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"name": "nope"}, "--call 'nope' is not a call"),
     ({"name": "video", "systems": ["punica"]}, "--systems: 'punica'"),
