@@ -253,6 +253,11 @@ def get_call(name: str, systems: Sequence[str] = (), points: Sequence[str] = (),
                    repeats=repeats or call.repeats)
 
 
+def _flag_name(arg: str) -> str:
+    """``--flag=value`` -> ``--flag``; ``--flag`` stays."""
+    return arg.partition("=")[0]
+
+
 def _flag_groups(args: Sequence[str]) -> list[list[str]]:
     """``["--a", "1", "--b"]`` -> ``[["--a", "1"], ["--b"]]``."""
     groups: list[list[str]] = []
@@ -269,17 +274,17 @@ def flag_value(flags: Sequence[str], flag: str) -> str | None:
     None if it is absent or has no value."""
     value = None
     for group in _flag_groups(flags):
-        name, inline, text = group[0].partition("=")
+        name, equals, inline = group[0].partition("=")
         if name == flag:
-            value = text if inline else (group[1] if len(group) > 1 else None)
+            value = inline if equals else (group[1] if len(group) > 1 else None)
     return value
 
 
 def server_args(call: Call, user: Sequence[str]) -> list[str]:
     """The extra server flags of a run: the user's ``--server-args``, then the call's own
     flags that the user did not set (a user's flag wins)."""
-    given = {g[0].split("=", 1)[0] for g in _flag_groups(user)}  # --flag value or --flag=value
-    return [*user, *(a for g in _flag_groups(call.server_args) if g[0] not in given for a in g)]
+    given = {_flag_name(g[0]) for g in _flag_groups(user)}  # --flag value or --flag=value
+    return [*user, *(a for g in _flag_groups(call.server_args) if _flag_name(g[0]) not in given for a in g)]
 
 
 def scaled(point: Point, factor: float) -> Point:
