@@ -69,3 +69,59 @@ def expand(
             lo, hi = slice_offsets[s], slice_offsets[s + 1]
             delta[:, lo:hi] = block[:, s * rank : (s + 1) * rank] @ b_buffer[slot, lo:hi, :rank].T
         output.index_add_(0, rows, delta.mul_(scale).to(output.dtype))
+
+
+def delta_first_eligible(items: WorkItems) -> bool:
+    """Whether :func:`apply_delta_first` can run ``items``: no two items over the same tokens
+    (one layer, no pairs), since each item's expand writes its rows rather than adding."""
+    return items.num_layers == 1 and items.partners_host is None
+
+
+def apply_delta_first(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    base_row: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+) -> torch.Tensor:
+    """``x @ weight.T + base_row + LoRA`` in a new output, the base GEMM last.
+
+    Per item, a shrink GEMM and, per slice, an expand GEMM that *writes* ``base_row + scale *
+    inter @ B.T`` into the item's rows (rows no item covers, and rank-0 items, get
+    ``base_row``); then one base GEMM over every token adds into that output (``beta = 1``:
+    cuBLAS reads it in its epilogue). Against the in-place order (base GEMM, then an expand
+    that reads and writes the output) the output's bytes move once less. ``base_row``: the
+    layer's bias (``[N]``), or zeros. Needs :func:`delta_first_eligible` items."""
+    if not delta_first_eligible(items):
+        raise ValueError("delta-first writes each item's rows: items must not overlap (one layer, no pairs)")
+    m, n = x.shape[0], weight.shape[0]
+    if base_row.shape != (n,) or slice_offsets[-1] != n:
+        raise ValueError(f"base_row {tuple(base_row.shape)} and slices {slice_offsets} must span the {n} outputs")
+    output = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    num_slices = len(slice_offsets) - 1
+    covered = []
+    for i in range(items.num_items):
+        slot, scale = items.slots_host[i], items.scales_host[i]
+        rank, length = items.ranks_host[slot], items.seg_lens_host[i]
+        if rank == 0 or length == 0:
+            continue
+        start = items.seg_starts_host[i]
+        covered.append((start, start + length))
+        rows = _rows(items, i)
+        inter = x[rows] @ a_buffer[slot, : num_slices * rank].T
+        block = output[rows] if isinstance(rows, slice) else torch.empty((length, n), dtype=x.dtype, device=x.device)
+        for s in range(num_slices):
+            lo, hi = slice_offsets[s], slice_offsets[s + 1]
+            torch.addmm(base_row[lo:hi], inter[:, s * rank : (s + 1) * rank], b_buffer[slot, lo:hi, :rank].T,
+                        alpha=scale, out=block[:, lo:hi])
+        if not isinstance(rows, slice):
+            output.index_copy_(0, rows, block)
+    at = 0
+    for start, stop in sorted(covered) + [(m, m)]:
+        if start > at:
+            gap = slice(at, start) if items.permutation is None else items.permutation[at:start].long()
+            output[gap] = base_row
+        at = max(at, stop)
+    return output.addmm_(x, weight.T)
