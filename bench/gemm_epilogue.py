@@ -12,7 +12,10 @@ over copies that pass 5x the L2), times:
   how far the Triton GEMM is from cuBLAS's;
 * ``fused[cfg]``: the same with the LoRA delta in the epilogue;
 * ``op``: ``shrink_gemm`` then ``fused`` at its best config, in one graph: what an entry point
-  built on it would cost.
+  built on it would cost;
+* ``tma[cfg]``: a plain Triton GEMM through tensor descriptors (the copy engine's loads and
+  stores), one tile per program or persistent: whether a Triton GEMM that could carry the
+  epilogue gets nearer cuBLAS than the pointer-load one.
 
 ``err`` is the bf16 LoRA delta of ``fused`` (its output minus ``plain``'s at the same config)
 against the fp32 delta of ``bench/kernels.py``. Writes ``<out>/<tag>.json``.
@@ -28,6 +31,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -48,6 +53,53 @@ CONFIGS = [  # block_m, block_n, block_k, num_warps, num_stages
     (256, 128, 64, 8, 3),
     (64, 256, 64, 4, 4),
 ]
+
+
+TMA_CONFIGS = [  # block_m, block_n, block_k, num_warps, num_stages, persistent
+    (128, 256, 64, 8, 3, False),
+    (128, 256, 64, 8, 4, False),
+    (128, 128, 64, 8, 4, False),
+    (128, 256, 64, 8, 3, True),
+    (128, 128, 64, 8, 4, True),
+]
+
+
+@triton.jit
+def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``c = a @ b.T`` through tensor descriptors (the copy engine's tile loads and stores),
+    each program looping over tiles ``pid, pid + NUM_PROGRAMS, ...`` (one tile each when the
+    grid covers them all)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+        first_m = (tile // per_group) * GROUP_M
+        size_m = min(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % per_group) % size_m
+        pid_n = (tile % per_group) // size_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+
+
+def tma_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, spec: tuple) -> None:
+    """``out = x @ w.T`` by :func:`_tma_gemm_kernel`; ``spec`` one of :data:`TMA_CONFIGS`."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, warps, stages, persistent = spec
+    m, k = x.shape
+    n = w.shape[0]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    programs = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count) if persistent else tiles
+    _tma_gemm_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+        TensorDescriptor.from_tensor(out, [bm, bn]), m, n, k, programs,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
+    )
 
 
 def prepare(cell: Cell) -> None:
@@ -94,6 +146,14 @@ def measure(cell: Cell, iters: int) -> dict:
             lora[key] = time_all(cell, lambda t, cfg=cfg: fused(cell, t, cfg), iters)
         except Exception as exc:  # a config that does not fit (shared memory, slice offsets)
             plain[key] = lora[key] = f"{type(exc).__name__}: {exc}"[:160]
+    tma = {}
+    for spec in TMA_CONFIGS:
+        key = "x".join(map(str, spec[:5])) + ("p" if spec[5] else "")
+        try:
+            tma[key] = time_all(cell, lambda t, spec=spec: tma_gemm(t["x"][: cell.tokens], t["w"],
+                                                                     t["out"][: cell.tokens], spec), iters)
+        except Exception as exc:  # a config that does not fit, or no tensor descriptors here
+            tma[key] = f"{type(exc).__name__}: {exc}"[:160]
     timed = {k: v for k, v in lora.items() if isinstance(v, float)}
     best = min(timed, key=timed.get)
     spec = [int(v) for v in best.split("x")]
@@ -111,12 +171,20 @@ def measure(cell: Cell, iters: int) -> dict:
     err = ((delta - ref).norm() / ref.norm()).item()
     merged = us["merged"]
     best_plain = min(v for v in plain.values() if isinstance(v, float))
-    return {"us": us, "plain_us": plain, "fused_us": lora, "best": best, "err": round(err, 5),
+    best_tma = min((v for v in tma.values() if isinstance(v, float)), default=None)
+    t["out"].zero_()
+    tma_spec = TMA_CONFIGS[0]
+    tma_gemm(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], tma_spec)
+    tma_err = ((t["out"][: cell.tokens].float() - t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()
+               / (t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()).item()
+    return {"us": us, "plain_us": plain, "fused_us": lora, "tma_us": tma, "tma_err": round(tma_err, 5),
+            "best": best, "err": round(err, 5),
             "pct": {"in_gemm": round(100 * (us["in_gemm"] - merged) / merged, 1),
                     "shrink_gemm": round(100 * us["shrink_gemm"] / merged, 1),
                     "best_plain_over_cublas": round(100 * (best_plain - merged) / merged, 1),
                     "fused_over_plain_same_cfg": round(100 * (lora[best] - plain[best]) / merged, 1)
                     if isinstance(plain[best], float) else None,
+                    "best_tma_over_cublas": None if best_tma is None else round(100 * (best_tma - merged) / merged, 1),
                     "op": round(100 * (us["op"] - merged) / merged, 1)}}
 
 
@@ -141,7 +209,9 @@ def main() -> None:
         cell = Cell(shape, "prefill", requests, per_req, adapters, 64)
         row = {"shape": shape, "tokens": cell.tokens, "adapters": cell.adapters, "rank": 64, **measure(cell, args.iters)}
         rows.append(row)
-        print(json.dumps({k: row[k] for k in ("shape", "tokens", "adapters", "best", "err", "pct")}), flush=True)
+        print(json.dumps({k: row[k] for k in ("shape", "tokens", "adapters", "best", "err", "tma_err", "pct")}),
+              flush=True)
+        print(json.dumps(row["tma_us"]), flush=True)
         (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
         del cell
         torch.cuda.empty_cache()
