@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import provenance  # noqa: E402
 from bench.kernels import SCALE, Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
-from sglang_vlora.atmm import gemm_epilogue  # noqa: E402
+from sglang_vlora.atmm import gemm_epilogue, ops  # noqa: E402
 from sglang_vlora.atmm.gemm_epilogue import GemmConfig  # noqa: E402
 from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 
@@ -84,6 +84,66 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, NUM_PROGRAMS, BLOCK_M: tl.
             b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _tma_lora_kernel(a_desc, b_desc, c_desc, i_desc, bb_desc, tok_slots_ptr, tok_scales_ptr, ranks_ptr, M, N, K,
+                     off1, off2, slot_width, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr):
+    """``c = a @ b.T + scale * inter @ B.T`` per token, tensor-descriptor loads: after the K
+    loop, one MMA per slot among the tile's rows into the same accumulator (the
+    intermediate's rows of other slots, and columns past the slot's rank, masked to zero)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = rows < M
+    slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)
+    scales = tl.load(tok_scales_ptr + rows, mask=valid, other=0.0)
+    col0 = pid_n * BLOCK_N
+    s = (col0 >= off1).to(tl.int32) + (col0 >= off2).to(tl.int32)
+    offs_r = tl.arange(0, R_BLOCK)
+    for slot in range(tl.min(tl.where(slots >= 0, slots, 1 << 30)), tl.max(slots) + 1):
+        rank = tl.load(ranks_ptr + slot)
+        part_i = i_desc.load([pid_m * BLOCK_M, slot * slot_width + s * rank]).to(tl.float32)
+        keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
+        part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(c_desc.dtype)
+        part_b = bb_desc.load([slot * N + col0, 0])
+        part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(c_desc.dtype)
+        acc = tl.dot(part_i, part_b.T, acc)
+    c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+
+
+def tma_lora(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, inter: torch.Tensor, slot_width: int,
+             b_buffer: torch.Tensor, token_slots: torch.Tensor, token_scales: torch.Tensor, ranks: torch.Tensor,
+             offsets: list[int], spec: tuple) -> None:
+    """:func:`_tma_lora_kernel` over ``inter`` (a row per token; slot ``j``'s columns at ``j *
+    slot_width``, 0 where each row holds only its own slot's)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, warps, stages, _ = spec
+    m, k = x.shape
+    n = w.shape[0]
+    rank_block = max(16, triton.next_power_of_2(b_buffer.shape[2]))
+    offs = [int(o) for o in offsets] + [n] * (4 - len(offsets))
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _tma_lora_kernel[grid](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+        TensorDescriptor.from_tensor(out, [bm, bn]), TensorDescriptor.from_tensor(inter, [bm, rank_block]),
+        TensorDescriptor.from_tensor(b_buffer.reshape(-1, b_buffer.shape[2]), [bn, rank_block]),
+        token_slots, token_scales, ranks, m, n, k, offs[1], offs[2], slot_width,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, R_BLOCK=rank_block, GROUP_M=8, num_warps=warps, num_stages=stages,
+    )
 
 
 def tma_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, spec: tuple) -> None:
@@ -172,12 +232,39 @@ def measure(cell: Cell, iters: int) -> dict:
     merged = us["merged"]
     best_plain = min(v for v in plain.values() if isinstance(v, float))
     best_tma = min((v for v in tma.values() if isinstance(v, float)), default=None)
+    fused_tma, op_tma, tma_lora_err = {}, {}, {}
+    for spec in TMA_CONFIGS[:3:2]:
+        key = "x".join(map(str, spec[:5]))
+
+        def all_slots(t: dict, spec=spec) -> None:
+            tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], t["inter"], t["a"].shape[1], t["b"],
+                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec)
+
+        def own_slot(t: dict, spec=spec) -> None:
+            inter = ops.lora_shrink_static(t["x"][: cell.tokens], t["a"], cell.static, cell.s, zero_fill=False)
+            tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], inter, 0, t["b"],
+                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec)
+
+        try:
+            fused_tma[key] = time_all(cell, all_slots, iters)
+            op_tma[key] = time_all(cell, own_slot, iters)
+            t = cell.sets[0]
+            tma_gemm(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], spec)
+            base = t["out"][: cell.tokens].float().clone()
+            own_slot(t)
+            delta = t["out"][: cell.tokens].float() - base
+            tma_lora_err[key] = round(((delta - ref).norm() / ref.norm()).item(), 5)
+        except Exception as exc:
+            fused_tma[key] = op_tma[key] = f"{type(exc).__name__}: {exc}"[:160]
     t["out"].zero_()
     tma_spec = TMA_CONFIGS[0]
     tma_gemm(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], tma_spec)
     tma_err = ((t["out"][: cell.tokens].float() - t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()
                / (t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()).item()
+    timed_op = [v for v in op_tma.values() if isinstance(v, float)]
     return {"us": us, "plain_us": plain, "fused_us": lora, "tma_us": tma, "tma_err": round(tma_err, 5),
+            "fused_tma_us": fused_tma, "op_tma_us": op_tma, "tma_lora_err": tma_lora_err,
+            "op_tma_pct": round(100 * (min(timed_op) - us["merged"]) / us["merged"], 1) if timed_op else None,
             "best": best, "err": round(err, 5),
             "pct": {"in_gemm": round(100 * (us["in_gemm"] - merged) / merged, 1),
                     "shrink_gemm": round(100 * us["shrink_gemm"] / merged, 1),
@@ -211,16 +298,19 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("shape", "tokens", "adapters", "best", "err", "tma_err", "pct")}),
               flush=True)
-        print(json.dumps(row["tma_us"]), flush=True)
+        print(json.dumps({k: row[k] for k in ("tma_us", "fused_tma_us", "op_tma_us", "tma_lora_err", "op_tma_pct")}),
+              flush=True)
         (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
         del cell
         torch.cuda.empty_cache()
-    print("| cell | cuBLAS us | in_gemm % | best Triton GEMM vs cuBLAS % | epilogue % | shrink GEMM % | op % |")
-    print("|---|---|---|---|---|---|---|")
+    print("| cell | cuBLAS us | in_gemm % | best Triton GEMM vs cuBLAS % | epilogue % | shrink GEMM % | op % "
+          "| TMA GEMM vs cuBLAS % | TMA op % |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["pct"]
         print(f"| {r['shape']} {r['tokens']}x{r['adapters']} | {r['us']['merged']} | {p['in_gemm']} | "
-              f"{p['best_plain_over_cublas']} | {p['fused_over_plain_same_cfg']} | {p['shrink_gemm']} | {p['op']} |")
+              f"{p['best_plain_over_cublas']} | {p['fused_over_plain_same_cfg']} | {p['shrink_gemm']} | {p['op']} | "
+              f"{p['best_tma_over_cublas']} | {r['op_tma_pct']} |")
 
 
 if __name__ == "__main__":
