@@ -87,12 +87,28 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, NUM_PROGRAMS, BLOCK_M: tl.
 
 
 @triton.jit
+def _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, slot_width,
+               R_BLOCK: tl.constexpr, DTYPE: tl.constexpr):
+    """``acc + scale * inter @ B.T`` over the tile's rows of ``slot`` (the others masked)."""
+    offs_r = tl.arange(0, R_BLOCK)
+    rank = tl.load(ranks_ptr + slot)
+    part_i = i_desc.load([row0, slot * slot_width + s * rank]).to(tl.float32)
+    keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
+    part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(DTYPE)
+    part_b = bb_desc.load([slot * N + col0, 0])
+    part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(DTYPE)
+    return tl.dot(part_i, part_b.T, acc)
+
+
+@triton.jit
 def _tma_lora_kernel(a_desc, b_desc, c_desc, i_desc, bb_desc, tok_slots_ptr, tok_scales_ptr, ranks_ptr, M, N, K,
                      off1, off2, slot_width, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr):
-    """``c = a @ b.T + scale * inter @ B.T`` per token, tensor-descriptor loads: after the K
-    loop, one MMA per slot among the tile's rows into the same accumulator (the
-    intermediate's rows of other slots, and columns past the slot's rank, masked to zero)."""
+                     R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, LORA_FIRST: tl.constexpr):
+    """``c = a @ b.T + scale * inter @ B.T`` per token, tensor-descriptor loads: one MMA per
+    slot among the tile's rows into the GEMM's accumulator (the intermediate's rows of other
+    slots, and columns past the slot's rank, masked to zero). LORA_FIRST: the LoRA MMAs
+    start the accumulator, before the K loop; else they follow it, the lowest and highest
+    slot unrolled and a loop over any between."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -101,32 +117,41 @@ def _tma_lora_kernel(a_desc, b_desc, c_desc, i_desc, bb_desc, tok_slots_ptr, tok
     size_m = min(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-        b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        acc = tl.dot(a, b.T, acc)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     valid = rows < M
     slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)
     scales = tl.load(tok_scales_ptr + rows, mask=valid, other=0.0)
     col0 = pid_n * BLOCK_N
     s = (col0 >= off1).to(tl.int32) + (col0 >= off2).to(tl.int32)
-    offs_r = tl.arange(0, R_BLOCK)
-    for slot in range(tl.min(tl.where(slots >= 0, slots, 1 << 30)), tl.max(slots) + 1):
-        rank = tl.load(ranks_ptr + slot)
-        part_i = i_desc.load([pid_m * BLOCK_M, slot * slot_width + s * rank]).to(tl.float32)
-        keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
-        part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(c_desc.dtype)
-        part_b = bb_desc.load([slot * N + col0, 0])
-        part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(c_desc.dtype)
-        acc = tl.dot(part_i, part_b.T, acc)
-    c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+    lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
+    hi = tl.max(slots)
+    row0 = pid_m * BLOCK_M
+    dtype = c_desc.dtype
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if LORA_FIRST:
+        for slot in range(lo, hi + 1):
+            acc = _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, slot_width,
+                             R_BLOCK, dtype)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([row0, k * BLOCK_K])
+        b = b_desc.load([col0, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    if not LORA_FIRST:
+        if hi >= 0:
+            acc = _lora_tile(acc, i_desc, bb_desc, lo, slots, scales, ranks_ptr, row0, col0, s, N, slot_width,
+                             R_BLOCK, dtype)
+        if hi > lo:
+            acc = _lora_tile(acc, i_desc, bb_desc, hi, slots, scales, ranks_ptr, row0, col0, s, N, slot_width,
+                             R_BLOCK, dtype)
+            for slot in range(lo + 1, hi):
+                acc = _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N,
+                                 slot_width, R_BLOCK, dtype)
+    c_desc.store([row0, col0], acc.to(dtype))
 
 
 def tma_lora(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, inter: torch.Tensor, slot_width: int,
              b_buffer: torch.Tensor, token_slots: torch.Tensor, token_scales: torch.Tensor, ranks: torch.Tensor,
-             offsets: list[int], spec: tuple) -> None:
+             offsets: list[int], spec: tuple, lora_first: bool = False) -> None:
     """:func:`_tma_lora_kernel` over ``inter`` (a row per token; slot ``j``'s columns at ``j *
     slot_width``, 0 where each row holds only its own slot's)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -142,7 +167,8 @@ def tma_lora(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, inter: torch.T
         TensorDescriptor.from_tensor(out, [bm, bn]), TensorDescriptor.from_tensor(inter, [bm, rank_block]),
         TensorDescriptor.from_tensor(b_buffer.reshape(-1, b_buffer.shape[2]), [bn, rank_block]),
         token_slots, token_scales, ranks, m, n, k, offs[1], offs[2], slot_width,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, R_BLOCK=rank_block, GROUP_M=8, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, R_BLOCK=rank_block, GROUP_M=8, LORA_FIRST=lora_first,
+        num_warps=warps, num_stages=stages,
     )
 
 
@@ -233,17 +259,17 @@ def measure(cell: Cell, iters: int) -> dict:
     best_plain = min(v for v in plain.values() if isinstance(v, float))
     best_tma = min((v for v in tma.values() if isinstance(v, float)), default=None)
     fused_tma, op_tma, tma_lora_err = {}, {}, {}
-    for spec in TMA_CONFIGS[:3:2]:
-        key = "x".join(map(str, spec[:5]))
+    for spec, first in ((TMA_CONFIGS[0], False), (TMA_CONFIGS[0], True)):
+        key = "x".join(map(str, spec[:5])) + ("_lora_first" if first else "_lora_after")
 
-        def all_slots(t: dict, spec=spec) -> None:
+        def all_slots(t: dict, spec=spec, first=first) -> None:
             tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], t["inter"], t["a"].shape[1], t["b"],
-                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec)
+                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec, first)
 
-        def own_slot(t: dict, spec=spec) -> None:
+        def own_slot(t: dict, spec=spec, first=first) -> None:
             inter = ops.lora_shrink_static(t["x"][: cell.tokens], t["a"], cell.static, cell.s, zero_fill=False)
             tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], inter, 0, t["b"],
-                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec)
+                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec, first)
 
         try:
             fused_tma[key] = time_all(cell, all_slots, iters)
