@@ -13,8 +13,6 @@ new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the app
 are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
 ``atmm_delta_first`` (``lora_apply_static_delta_first``: the GEMM over the appended A rows
 alone, the expand writing the LoRA delta into a new output, then the base GEMM adding into it),
-``atmm_delta_first_cublas`` (``lora_apply_delta_first``: the same order in cuBLAS GEMMs per
-item and slice, eager items),
 ``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
@@ -159,9 +157,6 @@ class Cell:
         if method == "atmm_delta_first":  # the base GEMM is the op's own, last
             self.delta_first(t)
             return
-        if method == "atmm_delta_first_cublas":
-            self.delta_first_cublas(t)
-            return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
@@ -184,18 +179,6 @@ class Cell:
         return ops.lora_apply_static_delta_first(
             t["x"][: self.tokens], self.w_ext(t), t["zero_row"], self.offsets[-1], t["b"], self.covering, self.offsets
         )
-
-    def delta_first_cublas(self, t: dict) -> torch.Tensor:
-        if "zero_row" not in t:
-            t["zero_row"] = torch.zeros(self.offsets[-1], device="cuda", dtype=torch.bfloat16)
-        return ops.lora_apply_delta_first(
-            t["x"][: self.tokens], t["w"], t["zero_row"], t["a"], t["b"], self.items, self.offsets
-        )
-
-    def lora_atmm_delta_first_cublas(self, t: dict) -> None:
-        """For :meth:`rel_error`: adds the op's LoRA delta to ``out``."""
-        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
-        out += self.delta_first_cublas(t) - x @ t["w"].t()
 
     def lora_atmm_delta_first(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's LoRA delta to ``out``."""
@@ -389,8 +372,7 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_delta_first", "atmm_delta_first_cublas",
-               "atmm_cuda", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_delta_first", "atmm_cuda", *peers, "bmm"]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 

@@ -117,22 +117,6 @@ def lora_apply(
     return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
 
 
-def lora_apply_delta_first(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    base_row: torch.Tensor,
-    a_buffer: torch.Tensor,
-    b_buffer: torch.Tensor,
-    items: WorkItems,
-    slice_offsets: list[int],
-) -> torch.Tensor:
-    """``x @ weight.T + base_row + LoRA`` into a new output, eager, through cuBLAS with the base
-    GEMM last (:func:`cublas_ops.apply_delta_first`; any device). For few long segments of
-    items that do not overlap (:func:`cublas_ops.delta_first_eligible`)."""
-    _check_shrink_shapes(x, a_buffer)
-    return cublas_ops.apply_delta_first(x, weight, base_row, a_buffer, b_buffer, items, slice_offsets)
-
-
 def compile_eager(
     x: torch.Tensor,
     a_buffer: torch.Tensor,

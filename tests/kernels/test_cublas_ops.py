@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_vlora.atmm import cublas_ops, ops
+from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.work_items import build_work_items
 from tests.kernels.test_triton_ops import CASES, RANKS, fp64_delta, make_pool, rel_err
 
@@ -41,38 +41,3 @@ def test_cublas_and_torch_paths_share_the_intermediate_layout() -> None:
     mixed = ops.lora_expand(inter_torch, b, items, offsets, base.clone(), impl="cublas")
     plain = ops.lora_expand(inter_torch, b, items, offsets, base.clone(), impl="torch")
     torch.testing.assert_close(mixed, plain, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if c != "overlap_signed"])
-@pytest.mark.parametrize("num_slices", [1, 3])
-def test_delta_first_matches_fp64(case: str, num_slices: int) -> None:
-    """``x W^T + b + LoRA`` with the base GEMM last: permuted items, positions no item covers
-    (they get the bias alone), a rank-0 slot, empty items."""
-    n_tokens, starts, lens, slots, scales, permute = CASES[case]
-    gen = torch.Generator().manual_seed(9)
-    a, b, offsets = make_pool(num_slices, torch.float32, gen)
-    x = torch.randn(n_tokens + 3, a.shape[2], generator=gen)  # 3 tokens past every item
-    w = torch.randn(offsets[-1], a.shape[2], generator=gen)
-    bias = torch.randn(offsets[-1], generator=gen)
-    perm = torch.randperm(n_tokens + 3, generator=gen) if permute else None
-    items = build_work_items(starts, lens, slots, scales, RANKS, permutation=perm)
-    assert cublas_ops.delta_first_eligible(items)
-    out = ops.lora_apply_delta_first(x, w, bias, a, b, items, offsets)
-    ref = x.double() @ w.double().T + bias.double() + fp64_delta(x, a, b, offsets, starts, lens, slots, scales, perm)
-    assert out.shape == (n_tokens + 3, offsets[-1]) and out.is_contiguous()
-    assert rel_err(out, ref) < 1e-5
-
-
-def test_delta_first_refuses_overlapping_items_and_wrong_bias() -> None:
-    n_tokens, starts, lens, slots, scales, _ = CASES["overlap_signed"]
-    gen = torch.Generator().manual_seed(10)
-    a, b, offsets = make_pool(1, torch.float32, gen)
-    x = torch.randn(n_tokens, a.shape[2], generator=gen)
-    w = torch.randn(offsets[-1], a.shape[2], generator=gen)
-    overlapping = build_work_items(starts, lens, slots, scales, RANKS)
-    assert not cublas_ops.delta_first_eligible(overlapping)
-    with pytest.raises(ValueError, match="must not overlap"):
-        ops.lora_apply_delta_first(x, w, torch.zeros(offsets[-1]), a, b, overlapping, offsets)
-    plain = build_work_items([0], [n_tokens], [1], [1.0], RANKS)
-    with pytest.raises(ValueError, match="must span"):
-        ops.lora_apply_delta_first(x, w, torch.zeros(offsets[-1] + 1), a, b, plain, offsets)
