@@ -17,16 +17,6 @@ the L2), this times apart:
   same bytes the expand moves (it reads the base, writes the output), so ``expand / copy`` is
   how far the expand is from this GPU's memory floor for its traffic.
 
-and the parts of ``ops.lora_apply_static_delta_first`` (the base GEMM last, adding into the
-LoRA delta), over the same ``[W; A]``:
-
-* ``shrink_gemm``: the GEMM over the appended A rows alone (every slot's shrink columns);
-* ``expand_write``: its expand alone, writing ``0 + LoRA`` into a new output (a broadcast zero
-  row as the base: only the output's bytes move);
-* ``addmm``: the base GEMM adding into a stored output (cuBLAS ``beta = 1``): its excess over
-  ``merged`` is what reading the output in the epilogue costs;
-* ``delta_first``: the whole op.
-
 Writes ``<out>/<tag>.json`` (rows of microseconds, ``parts`` in % of ``merged``) and a bar
 plot ``<out>/<tag>.png``.
 """
@@ -95,10 +85,6 @@ def parts(us: dict[str, float]) -> dict[str, float]:
         "in_gemm_pct": round(100 * (us["in_gemm"] - merged) / merged, 1),
         "copy_floor_pct": round(100 * us["copy"] / merged, 1),
         "expand_over_copy": round(us["expand"] / us["copy"], 2),
-        "shrink_gemm_pct": round(100 * us["shrink_gemm"] / merged, 1),
-        "expand_write_pct": round(100 * us["expand_write"] / merged, 1),
-        "addmm_pct": round(100 * (us["addmm"] - merged) / merged, 1),
-        "delta_first_pct": round(100 * (us["delta_first"] - merged) / merged, 1),
     }
 
 
@@ -109,16 +95,10 @@ def measure(cell: Cell, iters: int) -> dict[str, float]:
         cell.w_ext(t)
         t["y"] = torch.nn.functional.linear(t["x"][: cell.tokens], t["w_ext"])
         t["new"] = torch.empty(cell.tokens, width, device="cuda", dtype=torch.bfloat16)
-        t["inter"] = t["y"][:, width:].contiguous()
-    zero_row = torch.zeros(width, device="cuda", dtype=torch.bfloat16)
 
     def expand(t: dict) -> None:
         inter, layout = in_gemm.split_output(t["y"], width, t["b"].shape[0])
         ops.lora_expand_static(inter, t["b"], cell.covering, cell.offsets, t["new"], gemm_layout=layout)
-
-    def expand_write(t: dict) -> None:
-        layout = in_gemm.InGemmLayout(base=zero_row.expand(cell.tokens, width), slot_width=t["a"].shape[1])
-        ops.lora_expand_static(t["inter"], t["b"], cell.covering, cell.offsets, t["new"], gemm_layout=layout)
 
     calls = {
         "merged": lambda t: cell.run("merged", t),
@@ -126,10 +106,6 @@ def measure(cell: Cell, iters: int) -> dict[str, float]:
         "expand": expand,
         "in_gemm": lambda t: cell.run("atmm_in_gemm", t),
         "copy": lambda t: copy_columns(t["y"][:, :width], t["new"]),
-        "shrink_gemm": lambda t: torch.mm(t["x"][: cell.tokens], t["w_ext"][width:].t(), out=t["inter"]),
-        "expand_write": expand_write,
-        "addmm": lambda t: t["new"].addmm_(t["x"][: cell.tokens], t["w"].t()),
-        "delta_first": lambda t: cell.run("atmm_delta_first", t),
     }
     us = {}
     for name, call in calls.items():
@@ -201,15 +177,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(rows, device, args.out / f"{args.tag}.png")
-    print("| cell | merged us | appended columns % | expand % | rest % | whole op % | copy floor % | expand / copy "
-          "| shrink GEMM % | expand write % | addmm % | delta first % |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | merged us | appended columns % | expand % | rest % | whole op % | copy floor % | expand / copy |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["parts"]
         print(f"| {r['shape']} {r['mode']} {r['tokens']}x{r['adapters']} r{r['rank']} | {r['us']['merged']} | "
               f"{p['appended_columns_pct']} | {p['expand_pct']} | {p['rest_pct']} | {p['in_gemm_pct']} | "
-              f"{p['copy_floor_pct']} | {p['expand_over_copy']} | {p['shrink_gemm_pct']} | {p['expand_write_pct']} | "
-              f"{p['addmm_pct']} | {p['delta_first_pct']} |")
+              f"{p['copy_floor_pct']} | {p['expand_over_copy']} |")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ over the base weight with the cell's adapters' A rows appended as extra output r
 gives the base output and every adapter's shrink, then one expand writing base + LoRA into a
 new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the appended rows
 are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
-``atmm_delta_first`` (``lora_apply_static_delta_first``: the GEMM over the appended A rows
-alone, the expand writing the LoRA delta into a new output, then the base GEMM adding into it),
 ``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
@@ -154,9 +152,6 @@ class Cell:
         if method == "atmm_in_gemm":  # the base GEMM is the op's own, into a new output
             self.in_gemm(t)
             return
-        if method == "atmm_delta_first":  # the base GEMM is the op's own, last
-            self.delta_first(t)
-            return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
@@ -172,18 +167,6 @@ class Cell:
         return ops.lora_apply_static_in_gemm(
             t["x"][: self.tokens], self.w_ext(t), None, self.offsets[-1], t["b"], self.covering, self.offsets
         )
-
-    def delta_first(self, t: dict) -> torch.Tensor:
-        if "zero_row" not in t:
-            t["zero_row"] = torch.zeros(self.offsets[-1], device="cuda", dtype=torch.bfloat16)
-        return ops.lora_apply_static_delta_first(
-            t["x"][: self.tokens], self.w_ext(t), t["zero_row"], self.offsets[-1], t["b"], self.covering, self.offsets
-        )
-
-    def lora_atmm_delta_first(self, t: dict) -> None:
-        """For :meth:`rel_error`: adds the op's LoRA delta to ``out``."""
-        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
-        out += self.delta_first(t) - x @ t["w"].t()
 
     def lora_atmm_in_gemm(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's LoRA delta (its output minus its own GEMM's base
@@ -372,7 +355,7 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_delta_first", "atmm_cuda", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_cuda", *peers, "bmm"]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 

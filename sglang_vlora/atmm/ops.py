@@ -218,48 +218,6 @@ def lora_apply_static_in_gemm(
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
 
 
-def lora_apply_static_delta_first(
-    x: torch.Tensor,
-    weight_ext: torch.Tensor,
-    base_row: torch.Tensor,
-    out_features: int,
-    b_buffer: torch.Tensor,
-    items: StaticWorkItems,
-    slice_offsets: list[int],
-    impl: str = "auto",
-) -> torch.Tensor:
-    """``base + LoRA`` with the base GEMM last, adding into the LoRA delta, graph-safe.
-
-    Three launches over :func:`lora_apply_static_in_gemm`'s operands: one GEMM over
-    ``weight_ext``'s appended A rows alone (the slots' shrink columns), the expand writing
-    ``base_row + LoRA`` into a new ``[m, out_features]`` output, then the base GEMM over
-    ``weight_ext``'s first ``out_features`` rows accumulating into it (cuBLAS reads the
-    output in its epilogue, ``beta = 1``). Why: the in-GEMM expand reads the base columns and
-    writes a new output, twice the bytes of this expand, which only writes; the base GEMM's
-    epilogue read of the output is hidden under its compute in prefill. ``base_row``: the
-    base bias (``[out_features]``), or zeros where the layer adds none; the expand reads it
-    broadcast. ``items`` must cover every token, as for the in-GEMM op."""
-    if not items.covers_tokens:
-        raise ValueError("the delta-first expand needs items that cover every token (covers_tokens)")
-    if base_row.shape != (out_features,):
-        raise ValueError(f"base_row must be [{out_features}], got {tuple(base_row.shape)}")
-    m = x.shape[0]
-    slots = b_buffer.shape[0]
-    extra = weight_ext.shape[0] - out_features
-    if extra <= 0 or extra % slots:
-        raise ValueError(f"{weight_ext.shape[0]} weight rows do not hold {out_features} base rows and {slots} slots")
-    inter = torch.nn.functional.linear(x, weight_ext[out_features:])
-    layout = in_gemm.InGemmLayout(base=base_row.expand(m, out_features), slot_width=extra // slots)
-    output = torch.empty((m, out_features), dtype=x.dtype, device=x.device)
-    if _static_torch(output, impl):
-        output.copy_(layout.base)
-        rows = in_gemm.shrink_rows_torch(inter, layout, items)
-        static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
-    else:
-        lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
-    return output.addmm_(x, weight_ext[:out_features].t())
-
-
 def lora_shrink_static(
     x: torch.Tensor,
     a_buffer: torch.Tensor,

@@ -1,9 +1,7 @@
-"""The ops over the base weight with the pool's A rows appended: the shrink inside the base GEMM
-(``ops.lora_apply_static_in_gemm``) and the base GEMM last, adding into the LoRA delta
-(``ops.lora_apply_static_delta_first``). The Triton expand (the interpreter on CPU) and its torch
-form against an fp64 ``x W^T + b + LoRA``, for unmerged and mixture batches, base-only tokens,
-permuted and padded batches, and buffers refilled with smaller batches after larger ones.
-Tolerance: relative Frobenius error 1e-5 (fp32)."""
+"""The shrink inside the base GEMM (``ops.lora_apply_static_in_gemm``): the Triton expand (the
+interpreter on CPU) and its torch form against an fp64 ``x W^T + b + LoRA``, for unmerged and
+mixture batches, base-only tokens, permuted and padded batches, and buffers refilled with
+smaller batches after larger ones. Tolerance: relative Frobenius error 1e-5 (fp32)."""
 
 from __future__ import annotations
 
@@ -34,17 +32,6 @@ def extended(gen: torch.Generator):
     return w, bias, a, b, w_ext, bias_ext
 
 
-def apply(op: str, x, w_ext, bias_ext, b, static) -> torch.Tensor:
-    """One of the two ops; the delta-first one reads the base bias (the extended one's head)."""
-    out = OFFSETS[-1]
-    if op == "in_gemm":
-        return ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, out, b, static, OFFSETS)
-    return ops.lora_apply_static_delta_first(x, w_ext, bias_ext[:out], out, b, static, OFFSETS)
-
-
-OPS = ("in_gemm", "delta_first")
-
-
 def reference(x, w, bias, a, b, lists, perm=None) -> torch.Tensor:
     return x.double() @ w.double().T + bias.double() + ref_delta(x, a, b, OFFSETS, RANKS, *lists[:4], perm)
 
@@ -58,10 +45,9 @@ def allocate(num_tokens: int, paired: bool) -> StaticWorkItems:
 SEGMENTS = ([0, 5, 9, 16, 20, 27], [5, 4, 7, 4, 7, 3], [1, 2, 0, 3, 1, 2])
 
 
-@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("interpret", [False, True], ids=["torch", "triton"])
 @pytest.mark.parametrize("merged", [None, 1, 2])
-def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(op, interpret, merged, monkeypatch) -> None:
+def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(interpret, merged, monkeypatch) -> None:
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
@@ -74,14 +60,13 @@ def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(op, interpret, me
     lists = mode_item_lists(starts, lens, slots, RANKS, SCALINGS, merged)
     static.fill(build_work_items(*lists[:4], RANKS, partners=lists[4]), n)
     x = torch.randn(n, D_IN, generator=gen)
-    out = apply(op, x, w_ext, bias_ext, b, static)
+    out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
     assert out.shape == (n, OFFSETS[-1]) and out.is_contiguous()
     assert rel_err(out, reference(x, w, bias, a, b, lists)) < 1e-5
 
 
-@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("interpret", [False, True], ids=["torch", "triton"])
-def test_in_gemm_refills_permuted_padded_and_smaller_batches(op, interpret, monkeypatch) -> None:
+def test_in_gemm_refills_permuted_padded_and_smaller_batches(interpret, monkeypatch) -> None:
     """One fixed set of buffers, as a captured graph has: batches of fewer tokens than the
     graph's rows (the padding rows get the base output), permuted batches followed by smaller
     ones (the positions past the batch must not read the earlier permutation), empty ones."""
@@ -107,7 +92,7 @@ def test_in_gemm_refills_permuted_padded_and_smaller_batches(op, interpret, monk
         x = torch.randn(rows, D_IN, generator=gen)
         full_perm = None if perm is None else torch.cat([perm, torch.arange(tokens, rows)])
         ref = reference(x, w, bias, a, b, (starts, lens, slots, scales), full_perm)
-        out = apply(op, x, w_ext, bias_ext, b, static)
+        out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
         assert rel_err(out, ref) < 1e-5, (tokens, starts)
 
 
@@ -120,15 +105,6 @@ def test_in_gemm_needs_buffers_that_cover_every_token() -> None:
     with pytest.raises(ValueError, match="do not hold"):
         ops.lora_apply_static_in_gemm(torch.randn(8, D_IN), w_ext[:-1], None, OFFSETS[-1], b, allocate(8, False),
                                       OFFSETS)
-    with pytest.raises(ValueError, match="cover every token"):
-        ops.lora_apply_static_delta_first(torch.randn(8, D_IN), w_ext, bias_ext[: OFFSETS[-1]], OFFSETS[-1], b,
-                                          static, OFFSETS)
-    with pytest.raises(ValueError, match="do not hold"):
-        ops.lora_apply_static_delta_first(torch.randn(8, D_IN), w_ext[:-1], bias_ext[: OFFSETS[-1]], OFFSETS[-1],
-                                          b, allocate(8, False), OFFSETS)
-    with pytest.raises(ValueError, match="base_row must be"):
-        ops.lora_apply_static_delta_first(torch.randn(8, D_IN), w_ext, bias_ext, OFFSETS[-1], b, allocate(8, False),
-                                          OFFSETS)
     with pytest.raises(ValueError, match="one layer of items"):
         StaticWorkItems.allocate(capacity=4, max_tokens=8, num_slots=4, device="cpu", max_layers=2,
                                  covers_tokens=True)
