@@ -1,6 +1,6 @@
 """The base GEMM with the LoRA expand inside it, against cuBLAS, per prefill cell (GPU only).
 
-    python bench/gemm_epilogue.py [--iters 20] [--tag gemm_epilogue_h200]
+    python bench/gemm_epilogue.py [--iters 10] [--rounds 5] [--tag gemm_epilogue_h200]
 
 A design probe, not an ATMM entry point: every other entry point ends in an expand that
 reads or writes the whole output beside the base GEMM (docs/atmm.md). Here a Triton GEMM
@@ -22,8 +22,10 @@ times:
 * ``op``: ATMM's graph-safe shrink (``ops.lora_shrink_static``, a row per token here) then
   ``fused``: an entry point built on it.
 
-``lora_err``: the bf16 LoRA delta of ``op`` (its output minus the plain GEMM's) against the
-fp32 delta of ``bench/kernels.py``. Writes ``<out>/<tag>.json``.
+The calls of a cell take turns, ``--rounds`` times (:func:`time_interleaved`); ``spread`` is
+each call's max / min over its rounds. ``err``: the bf16 LoRA delta of ``op`` (its output
+minus the plain GEMM's) against the fp32 delta of ``bench/kernels.py``, and the plain GEMM
+against fp32. Writes ``<out>/<tag>.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,7 +48,6 @@ from bench import provenance  # noqa: E402
 from bench.kernels import SCALE, Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
 from sglang_vlora.atmm import ops  # noqa: E402
-from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 
 CELLS = [(shape, req, per, ad) for shape in ("proj", "qkv", "gate_up")
          for req, per, ad in ((4, 256, 1), (4, 256, 4), (4, 1024, 1), (4, 1024, 4), (1, 8192, 1))]
@@ -222,82 +224,109 @@ def shrink(cell: Cell, t: dict) -> None:
     torch.mm(t["x"][: cell.tokens], t["a_rows"].t(), out=t["inter"])
 
 
-def time_all(cell: Cell, call, iters: int) -> float:
+def capture(cell: Cell, call) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of ``call`` over every input set (each set run once before)."""
     for t in cell.sets:
         call(t)
     torch.cuda.synchronize()
-    return round(graph_replay_us(lambda: [call(t) for t in cell.sets], iters) / cell.copies, 2)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for t in cell.sets:
+            call(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
 
 
-def measure(cell: Cell, iters: int) -> dict:
-    prepare(cell)
-    us = {"merged": time_all(cell, lambda t: cell.run("merged", t), iters),
-          "in_gemm": time_all(cell, lambda t: cell.run("atmm_in_gemm", t), iters),
-          "shrink_gemm": time_all(cell, lambda t: shrink(cell, t), iters)}
-    tma = {}
-    for spec in TMA_CONFIGS:
-        key = "x".join(map(str, spec[:5])) + ("p" if spec[5] else "")
+def replay_us(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def time_interleaved(cell: Cell, calls: dict, iters: int, rounds: int) -> tuple[dict, dict]:
+    """Per call, the median over ``rounds`` of its median replay (us per input set), the calls
+    taking turns in every round, so a drift of the GPU's clocks during the cell reaches them
+    alike (single runs of one cell moved by up to 10% between calls); and each call's
+    spread (max / min of its rounds). A call that fails to run gets its error instead."""
+    graphs, out, spread = {}, {}, {}
+    for name, call in calls.items():
         try:
-            tma[key] = time_all(cell, lambda t, spec=spec: tma_gemm(t["x"][: cell.tokens], t["w"],
-                                                                     t["out"][: cell.tokens], spec), iters)
-        except Exception as exc:  # a config that does not fit, or no tensor descriptors here
-            tma[key] = f"{type(exc).__name__}: {exc}"[:160]
+            graphs[name] = capture(cell, call)
+        except Exception as exc:  # a config that does not fit (shared memory)
+            out[name] = f"{type(exc).__name__}: {exc}"[:160]
+    samples = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            samples[name].append(replay_us(graph, iters) / cell.copies)
+    for name, values in samples.items():
+        out[name] = round(statistics.median(values), 2)
+        spread[name] = round(max(values) / min(values), 3)
+    return out, spread
+
+
+def measure(cell: Cell, iters: int, rounds: int) -> dict:
+    prepare(cell)
+    x = lambda t: t["x"][: cell.tokens]  # noqa: E731
+    out = lambda t: t["out"][: cell.tokens]  # noqa: E731
+    spec = TMA_CONFIGS[0]
+
+    def fused(t: dict, first: bool, raw: bool = False) -> None:
+        tma_lora(x(t), t["w"], out(t), t["inter"], t["a"].shape[1], t["b"], cell.token_slots, cell.token_scales,
+                 cell.items.ranks, cell.offsets, spec, first, raw)
+
+    def op(t: dict, first: bool) -> None:
+        inter = ops.lora_shrink_static(x(t), t["a"], cell.static, cell.s, zero_fill=False)
+        tma_lora(x(t), t["w"], out(t), inter, 0, t["b"], cell.token_slots, cell.token_scales, cell.items.ranks,
+                 cell.offsets, spec, first)
+
+    calls = {
+        "merged": lambda t: cell.run("merged", t),
+        "in_gemm": lambda t: cell.run("atmm_in_gemm", t),
+        "shrink_gemm": lambda t: shrink(cell, t),
+        **{"tma_" + "x".join(map(str, c[:5])) + ("p" if c[5] else ""): (lambda t, c=c: tma_gemm(x(t), t["w"], out(t), c))
+           for c in TMA_CONFIGS},
+        **{f"{kind}_{'first' if first else 'after'}": (lambda t, kind=kind, first=first:
+                                                          fused(t, first, raw=kind == "raw") if kind != "op"
+                                                          else op(t, first))
+           for kind in ("fused", "raw", "op") for first in (False, True)},
+    }
+    us, spread = time_interleaved(cell, calls, iters, rounds)
     t = cell.sets[0]
     ref = cell.reference_delta(t)
-    merged = us["merged"]
-    best_tma = min((v for v in tma.values() if isinstance(v, float)), default=None)
-    fused_tma, op_tma, tma_lora_err = {}, {}, {}
-    for spec, first in ((TMA_CONFIGS[0], False), (TMA_CONFIGS[0], True)):
-        key = "x".join(map(str, spec[:5])) + ("_lora_first" if first else "_lora_after")
-
-        def all_slots(t: dict, spec=spec, first=first) -> None:
-            tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], t["inter"], t["a"].shape[1], t["b"],
-                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec, first)
-
-        def own_slot(t: dict, spec=spec, first=first) -> None:
-            inter = ops.lora_shrink_static(t["x"][: cell.tokens], t["a"], cell.static, cell.s, zero_fill=False)
-            tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], inter, 0, t["b"],
-                     cell.token_slots, cell.token_scales, cell.items.ranks, cell.offsets, spec, first)
-
-        try:
-            fused_tma[key] = time_all(cell, all_slots, iters)
-            op_tma[key] = time_all(cell, own_slot, iters)
-            t = cell.sets[0]
-            tma_gemm(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], spec)
-            base = t["out"][: cell.tokens].float().clone()
-            own_slot(t)
-            delta = t["out"][: cell.tokens].float() - base
-            tma_lora_err[key] = round(((delta - ref).norm() / ref.norm()).item(), 5)
-        except Exception as exc:
-            fused_tma[key] = op_tma[key] = f"{type(exc).__name__}: {exc}"[:160]
-    t["out"].zero_()
-    tma_spec = TMA_CONFIGS[0]
-    tma_gemm(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], tma_spec)
-    tma_err = ((t["out"][: cell.tokens].float() - t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()
-               / (t["x"][: cell.tokens].float() @ t["w"].float().t()).norm()).item()
-    raw = {}
+    errors = {}
     for first in (False, True):
-        raw["lora_first" if first else "lora_after"] = time_all(
-            cell, lambda t, first=first: tma_lora(t["x"][: cell.tokens], t["w"], t["out"][: cell.tokens], t["inter"],
-                                                  t["a"].shape[1], t["b"], cell.token_slots, cell.token_scales,
-                                                  cell.items.ranks, cell.offsets, TMA_CONFIGS[0], first, raw=True),
-            iters)
+        tma_gemm(x(t), t["w"], out(t), spec)
+        base = out(t).float().clone()
+        op(t, first)
+        errors["op_first" if first else "op_after"] = round(((out(t).float() - base - ref).norm() / ref.norm()).item(),
+                                                            5)
+    plain = x(t).float() @ t["w"].float().t()
+    tma_gemm(x(t), t["w"], out(t), spec)
+    errors["tma"] = round(((out(t).float() - plain).norm() / plain.norm()).item(), 5)
+    merged = us["merged"]
 
-    def pct(values: dict) -> float | None:
-        timed = [v for v in values.values() if isinstance(v, float)]
+    def pct(prefix: str) -> float | None:
+        timed = [v for k, v in us.items() if k.startswith(prefix) and isinstance(v, float)]
         return round(100 * (min(timed) - merged) / merged, 1) if timed else None
 
-    return {"us": us, "tma_us": tma, "fused_us": fused_tma, "raw_us": raw, "op_us": op_tma, "tma_err": round(tma_err, 5),
-            "lora_err": tma_lora_err,
-            "pct": {"in_gemm": round(100 * (us["in_gemm"] - merged) / merged, 1),
-                    "shrink_gemm": round(100 * us["shrink_gemm"] / merged, 1),
-                    "tma_gemm": None if best_tma is None else round(100 * (best_tma - merged) / merged, 1),
-                    "fused": pct(fused_tma), "raw": pct(raw), "op": pct(op_tma)}}
+    return {"us": us, "spread": spread, "err": errors,
+            "pct": {"in_gemm": pct("in_gemm"), "shrink_gemm": round(100 * us["shrink_gemm"] / merged, 1),
+                    "tma_gemm": pct("tma_"), "fused": pct("fused_"), "raw": pct("raw_"), "op": pct("op_")}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=parse_positive, default=20)
+    ap.add_argument("--iters", type=parse_positive, default=10)
+    ap.add_argument("--rounds", type=parse_positive, default=5)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--tag", default="gemm_epilogue")
     args = ap.parse_args()
@@ -314,7 +343,7 @@ def main() -> None:
            "provenance": provenance.record(), "rows": rows}
     for shape, requests, per_req, adapters in CELLS:
         cell = Cell(shape, "prefill", requests, per_req, adapters, 64)
-        row = {"shape": shape, "tokens": cell.tokens, "adapters": cell.adapters, "rank": 64, **measure(cell, args.iters)}
+        row = {"shape": shape, "tokens": cell.tokens, "adapters": cell.adapters, "rank": 64, **measure(cell, args.iters, args.rounds)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
