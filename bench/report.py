@@ -455,6 +455,25 @@ def in_gemm_parts(parts: dict) -> str:
     return "\n".join(lines)
 
 
+@block("gemm-epilogue", "gemm_epilogue_h200.json", "gemm_epilogue_h200_b.json")
+def gemm_epilogue(first: dict, second: dict) -> str:
+    """docs/atmm.md: the LoRA MMAs inside a Triton GEMM (bench/gemm_epilogue.py), two runs, % over
+    cuBLAS's base GEMM of the same run."""
+    lines = table_head("cell (tokens x adapters)", "cuBLAS µs", "ATMM shrink in the GEMM %", "Triton TMA GEMM alone %",
+                       "LoRA in the GEMM %", "the same, no masks or scale %", "ATMM shrink + LoRA in the GEMM %")
+
+    def both(a: dict, b: dict, key: str) -> str:
+        return " / ".join("-" if r["pct"][key] is None else f"{r['pct'][key]:.1f}" for r in (a, b))
+
+    for a, b in zip(first["rows"], second["rows"], strict=True):
+        lines.append(
+            f"| {a['shape']} prefill {a['tokens']}x{a['adapters']} | {a['us']['merged']:.1f} / {b['us']['merged']:.1f} | "
+            f"{both(a, b, 'in_gemm')} | {both(a, b, 'tma_gemm')} | {both(a, b, 'fused')} | {both(a, b, 'raw')} | "
+            f"{both(a, b, 'op')} |"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
 
 SWITCH_LAYOUTS = {"qkvo": "q,k,v,o 4096x4096", "all": "all 7 projections (+MLP 11008)"}
