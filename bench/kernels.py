@@ -11,6 +11,8 @@ over the base weight with the cell's adapters' A rows appended as extra output r
 gives the base output and every adapter's shrink, then one expand writing base + LoRA into a
 new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the appended rows
 are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
+``atmm_gemm`` (``lora_apply_gemm``, prefill cells only: the shrink, then ATMM's own Triton GEMM
+over the base weight adding each token's delta in its accumulator; eager items),
 ``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
@@ -152,6 +154,9 @@ class Cell:
         if method == "atmm_in_gemm":  # the base GEMM is the op's own, into a new output
             self.in_gemm(t)
             return
+        if method == "atmm_gemm":  # the base GEMM is the op's own, the delta in its accumulator
+            self.gemm(t)
+            return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
             getattr(self, "lora_" + method)(t)
@@ -167,6 +172,17 @@ class Cell:
         return ops.lora_apply_static_in_gemm(
             t["x"][: self.tokens], self.w_ext(t), None, self.offsets[-1], t["b"], self.covering, self.offsets
         )
+
+    def gemm(self, t: dict) -> torch.Tensor:
+        if self.mode == "decode":
+            raise ValueError("an eager prefill entry point: not run in decode cells")
+        return ops.lora_apply_gemm(t["x"][: self.tokens], t["w"], None, t["a"], t["b"], self.items, self.offsets)
+
+    def lora_atmm_gemm(self, t: dict) -> None:
+        """For :meth:`rel_error`: adds the op's output minus cuBLAS's base GEMM to ``out`` (so the
+        two GEMMs' bf16 roundings of the base count in its error)."""
+        x, out = t["x"][: self.tokens], t["out"][: self.tokens]
+        out += self.gemm(t) - x @ t["w"].t()
 
     def lora_atmm_in_gemm(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's LoRA delta (its output minus its own GEMM's base
@@ -355,7 +371,7 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_cuda", *peers, "bmm"]
+    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_gemm", "atmm_cuda", *peers, "bmm"]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 

@@ -216,6 +216,7 @@ KERNEL_METHODS = {
     "atmm": "ATMM",
     "atmm_overlap": "ATMM overlapped",
     "atmm_in_gemm": "ATMM shrink in the GEMM",
+    "atmm_gemm": "ATMM LoRA in its own GEMM",
     "atmm_cuda": "ATMM CUDA C++",
     "sglang_triton": "SGLang triton",
     "sglang_csgmv": "SGLang csgmv",
@@ -246,9 +247,10 @@ def _extra(rows: list[dict], method: str) -> list[float]:
 
 
 # ATMM's Triton entry points; the graph-safe ones are what decode runs. ``atmm_in_gemm`` is in
-# runs of bench/kernels.py from after the shrink moved into the GEMM only.
+# runs of bench/kernels.py from after the shrink moved into the GEMM only, ``atmm_gemm`` (an eager
+# prefill entry point) in runs from 2026-11-25 on.
 GRAPH_ENTRY_POINTS = ("atmm_overlap", "atmm_in_gemm")
-TRITON_ENTRY_POINTS = ("atmm", *GRAPH_ENTRY_POINTS)
+TRITON_ENTRY_POINTS = ("atmm", *GRAPH_ENTRY_POINTS, "atmm_gemm")
 
 
 def _best_of(row: dict, methods: Sequence[str]) -> float:

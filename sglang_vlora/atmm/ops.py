@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, in_gemm, static_items
+from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -115,6 +115,40 @@ def lora_apply(
     num_slices = len(slice_offsets) - 1
     intermediate = lora_shrink(x, a_buffer, items, num_slices, impl)
     return lora_expand(intermediate, b_buffer, items, slice_offsets, output, impl)
+
+
+def lora_apply_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: WorkItems,
+    slice_offsets: list[int],
+) -> torch.Tensor:
+    """``x @ weight.T (+ bias) + LoRA`` into a new output, the base GEMM ATMM's own: the shrink
+    (rows at the tokens' positions), then one GEMM that adds each token's delta in its
+    accumulator (:mod:`sglang_vlora.atmm.gemm_lora`). Eager batches only (the token maps are
+    built from the items' host lists, once per batch); raises ``ValueError`` where
+    :func:`gemm_lora.unsupported` names a reason."""
+    reason = gemm_lora.unsupported(x, weight, b_buffer, items, slice_offsets)
+    if reason is not None:
+        raise ValueError(f"lora_apply_gemm: {reason}")
+    _check_shrink_shapes(x, a_buffer)
+    if items.num_items == 0:
+        return torch.nn.functional.linear(x, weight, bias)
+    m = x.shape[0]
+    maps = _plan(items, ("gemm_maps", m, str(x.device)), lambda: gemm_lora.token_maps(items, m, x.device))
+    num_slices = len(slice_offsets) - 1
+    cfg = _pick("shrink", x, (x.shape[1], num_slices * _items_max_rank(items), m), "triton")[1]
+    # Rows at the positions: each item's rows start at its segment (items do not overlap).
+    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    from sglang_vlora.atmm import triton_kernels
+
+    triton_kernels.launch_shrink(x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.seg_starts,
+                                 items.ranks, None, num_slices, m, cfg)
+    out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
+    return gemm_lora.launch(x, weight, bias, inter, b_buffer, *maps, items.ranks, slice_offsets, out)
 
 
 def compile_eager(
