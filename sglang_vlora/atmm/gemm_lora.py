@@ -80,9 +80,8 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     row0 = pid_m * BLOCK_M
     col0 = pid_n * BLOCK_N
     dtype = out_desc.dtype
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), w_desc.load([col0, k * BLOCK_K]).T, acc)
+    # The rows' slots before the K loop: their loads' latency hides under it (after it, the
+    # kernel alone ran about 25% slower in qkv and gate_up prefill of 4096 tokens on the H200).
     rows = row0 + tl.arange(0, BLOCK_M)
     valid = rows < M
     slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)
@@ -90,6 +89,9 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     s = (col0 >= off1).to(tl.int32) + (col0 >= off2).to(tl.int32)  # the tile's slice
     lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
     hi = tl.max(slots)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), w_desc.load([col0, k * BLOCK_K]).T, acc)
     if hi >= 0:
         acc = _lora_tile(acc, i_desc, bb_desc, lo, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK, dtype)
     if hi > lo:
