@@ -47,6 +47,12 @@ class GemmConfig:
 DEFAULT_CONFIG = GemmConfig()
 
 
+def config_for(max_rank: int) -> GemmConfig:
+    """The tile config for a pool of ``max_rank``: above 64 the LoRA tiles take the shared
+    memory of one pipeline stage (3 stages ran out of it at rank 128 on the H200)."""
+    return DEFAULT_CONFIG if max_rank <= 64 else GemmConfig(num_stages=2)
+
+
 @triton.jit
 def _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK: tl.constexpr,
                DTYPE: tl.constexpr):
@@ -105,7 +111,7 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
 
 
 def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, items: WorkItems,
-                slice_offsets: list[int], config: GemmConfig = DEFAULT_CONFIG) -> str | None:
+                slice_offsets: list[int], config: GemmConfig | None = None) -> str | None:
     """Why this GEMM cannot run these operands, or None."""
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "not a CUDA tensor (or Triton's interpreter)"
@@ -116,8 +122,9 @@ def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, i
     if items.num_layers != 1 or items.partners_host is not None:
         return "items that overlap (one LoRA contribution per token only)"
     max_rank = b_buffer.shape[2]
-    if max_rank < 16 or max_rank & (max_rank - 1):
-        return f"pool max rank {max_rank} (a power of two of at least 16: one MMA of that depth)"
+    if max_rank % 8 or max_rank > 128:
+        return f"pool max rank {max_rank} (a multiple of 8 up to 128: 16-byte rows for the tensor descriptors)"
+    config = config or config_for(max_rank)
     inner = [int(o) for o in slice_offsets[1:-1]]
     if any(o % config.block_n for o in inner) or len(inner) > 2:
         return f"slice offsets {list(slice_offsets)} (inner ones multiples of {config.block_n}, at most 3 slices)"
@@ -143,14 +150,16 @@ def token_maps(items: WorkItems, m: int, device: torch.device) -> tuple[torch.Te
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inter: torch.Tensor,
            b_buffer: torch.Tensor, token_slots: torch.Tensor, token_scales: torch.Tensor, ranks: torch.Tensor,
-           slice_offsets: list[int], out: torch.Tensor, config: GemmConfig = DEFAULT_CONFIG) -> torch.Tensor:
+           slice_offsets: list[int], out: torch.Tensor, config: GemmConfig | None = None) -> torch.Tensor:
     """``out = x @ weight.T (+ bias) + LoRA``; ``inter`` ``[m, S * max_rank]`` has each covered
     token's shrink in its row; ``b_buffer`` ``[slots, N, max_rank]``. Returns ``out``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
     n = weight.shape[0]
-    rank_block = b_buffer.shape[2]
+    config = config or config_for(b_buffer.shape[2])
+    rank_block = max(16, triton.next_power_of_2(b_buffer.shape[2]))  # MMA depth; columns past the
+    # pool's come in as zeros (the descriptors' bounds), past a slot's rank are masked
     offs = [int(o) for o in slice_offsets] + [n] * (4 - len(slice_offsets))
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     _gemm_lora_kernel[grid](
@@ -158,7 +167,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, int
         TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
         TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]),
         TensorDescriptor.from_tensor(inter, [config.block_m, rank_block]),
-        TensorDescriptor.from_tensor(b_buffer.view(-1, rank_block), [config.block_n, rank_block]),
+        TensorDescriptor.from_tensor(b_buffer.view(-1, b_buffer.shape[2]), [config.block_n, rank_block]),
         bias if bias is not None else out, token_slots, token_scales, ranks, m, n, k, offs[1], offs[2],
         HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         R_BLOCK=rank_block, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,

@@ -36,16 +36,18 @@ def pool(gen: torch.Generator, max_rank: int = MAX_RANK):
 SEGMENTS = ([0, 5, 9, 20, 25], [5, 4, 7, 5, 16], [1, 2, 3, 0, 1], [0.5, -1.0, 2.0, 1.0, 1.5])
 
 
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_gemm_lora_matches_fp64(with_bias: bool) -> None:
+@pytest.mark.parametrize(("with_bias", "max_rank"), [(False, MAX_RANK), (True, MAX_RANK), (False, 8)])
+def test_gemm_lora_matches_fp64(with_bias: bool, max_rank: int) -> None:
+    """Pools of max rank 16, and 8 (its MMA depth padded to 16 by the descriptors' bounds)."""
     gen = torch.Generator().manual_seed(3)
-    a, b, w = pool(gen)
+    a, b, w = pool(gen, max_rank)
+    ranks = [min(r, max_rank) for r in RANKS]
     bias = torch.randn(OFFSETS[-1], generator=gen) if with_bias else None
     starts, lens, slots, scales = SEGMENTS
     x = torch.randn(45, D_IN, generator=gen)
-    items = build_work_items(starts, lens, slots, scales, RANKS)
+    items = build_work_items(starts, lens, slots, scales, ranks)
     out = ops.lora_apply_gemm(x, w, bias, a, b, items, OFFSETS)
-    ref = x.double() @ w.double().T + ref_delta(x, a, b, OFFSETS, RANKS, starts, lens, slots, scales)
+    ref = x.double() @ w.double().T + ref_delta(x, a, b, OFFSETS, ranks, starts, lens, slots, scales)
     if bias is not None:
         ref += bias.double()
     assert out.shape == (45, OFFSETS[-1])
@@ -73,9 +75,9 @@ def test_gemm_lora_refuses_what_it_cannot_compute() -> None:
     plain = build_work_items([0], [20], [1], [1.0], RANKS)
     with pytest.raises(ValueError, match="slice offsets"):
         ops.lora_apply_gemm(x, w, None, a, b, plain, [0, 128, 512, 768])
-    a8, b8, _ = pool(gen, max_rank=8)
-    with pytest.raises(ValueError, match="max rank 8"):
-        ops.lora_apply_gemm(x, w, None, a8, b8, build_work_items([0], [20], [1], [1.0], [0, 8, 8, 8]), OFFSETS)
+    a12, b12, _ = pool(gen, max_rank=12)
+    with pytest.raises(ValueError, match="max rank 12"):
+        ops.lora_apply_gemm(x, w, None, a12, b12, build_work_items([0], [20], [1], [1.0], [0, 12, 8, 12]), OFFSETS)
 
 
 def test_gemm_lora_needs_cuda_or_the_interpreter(monkeypatch) -> None:
