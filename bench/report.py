@@ -243,7 +243,8 @@ def _methods(rows: list[dict]) -> list[str]:
 
 
 def _extra(rows: list[dict], method: str) -> list[float]:
-    return [r["extra_pct"][method] for r in rows if method in r["extra_pct"]]
+    """The method's extra in the rows where it ran (None: not run there, or failed)."""
+    return [r["extra_pct"][method] for r in rows if r["extra_pct"].get(method) is not None]
 
 
 # ATMM's Triton entry points; the graph-safe ones are what decode runs. ``atmm_in_gemm`` is in

@@ -34,7 +34,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One tile shape of the GEMM (the probe's best on the H200: 128x256x64, 8 warps, 3 stages)."""
+    """One tile shape of the GEMM (the probe's best on the H200: 128x256x64, 8 warps, 3 stages;
+    ``bench/gemm_epilogue.py``)."""
 
     block_m: int = 128
     block_n: int = 256
@@ -48,9 +49,10 @@ DEFAULT_CONFIG = GemmConfig()
 
 
 def config_for(max_rank: int) -> GemmConfig:
-    """The tile config for a pool of ``max_rank``: above 64 the LoRA tiles take the shared
-    memory of one pipeline stage (3 stages ran out of it at rank 128 on the H200)."""
-    return DEFAULT_CONFIG if max_rank <= 64 else GemmConfig(num_stages=2)
+    """The tile config for a pool of ``max_rank``: above 64 the LoRA tiles need the shared
+    memory of a pipeline stage of 128x256 tiles (3 stages ran out of it at rank 128 on the
+    H200, 2 stages cost 79-100% of the base GEMM), so the tiles are 128 columns wide."""
+    return DEFAULT_CONFIG if max_rank <= 64 else GemmConfig(block_n=128)
 
 
 @triton.jit
