@@ -48,6 +48,8 @@ from bench import provenance  # noqa: E402
 from bench.kernels import SCALE, Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
 from sglang_vlora.atmm import ops  # noqa: E402
+from sglang_vlora.atmm.gemm_lora import lora_tile, tile_origin  # noqa: E402
+from sglang_vlora.atmm.tune import capture_graph, replay_median_us  # noqa: E402
 
 CELLS = [(shape, req, per, ad) for shape in ("proj", "qkv", "gate_up")
          for req, per, ad in ((4, 256, 1), (4, 256, 4), (4, 1024, 1), (4, 1024, 4), (1, 8192, 1))]
@@ -68,20 +70,13 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, NUM_PROGRAMS, BLOCK_M: tl.
     """``c = a @ b.T`` through tensor descriptors (the copy engine's tile loads and stores),
     each program looping over tiles ``pid, pid + NUM_PROGRAMS, ...`` (one tile each when the
     grid covers them all)."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
-        first_m = (tile // per_group) * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % size_m
-        pid_n = (tile % per_group) // size_m
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
+        row0, col0 = tile_origin(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+            acc = tl.dot(a_desc.load([row0, k * BLOCK_K]), b_desc.load([col0, k * BLOCK_K]).T, acc)
+        c_desc.store([row0, col0], acc.to(c_desc.dtype))
 
 
 @triton.jit
@@ -93,14 +88,8 @@ def _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0,
     and the rows' slots all alike."""
     if RAW:
         return tl.dot(i_desc.load([row0, slot * slot_width + s * R_BLOCK]), bb_desc.load([slot * N + col0, 0]).T, acc)
-    offs_r = tl.arange(0, R_BLOCK)
-    rank = tl.load(ranks_ptr + slot)
-    part_i = i_desc.load([row0, slot * slot_width + s * rank]).to(tl.float32)
-    keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
-    part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(DTYPE)
-    part_b = bb_desc.load([slot * N + col0, 0])
-    part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(DTYPE)
-    return tl.dot(part_i, part_b.T, acc)
+    return lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, slot_width, R_BLOCK,
+                     DTYPE)
 
 
 @triton.jit
@@ -113,23 +102,14 @@ def _tma_lora_kernel(a_desc, b_desc, c_desc, i_desc, bb_desc, tok_slots_ptr, tok
     slots, and columns past the slot's rank, masked to zero). LORA_FIRST: the LoRA MMAs
     start the accumulator, before the K loop; else they follow it, the lowest and highest
     slot unrolled and a loop over any between."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row0, col0 = tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = row0 + tl.arange(0, BLOCK_M)
     valid = rows < M
     slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)
     scales = tl.load(tok_scales_ptr + rows, mask=valid, other=0.0)
-    col0 = pid_n * BLOCK_N
     s = (col0 >= off1).to(tl.int32) + (col0 >= off2).to(tl.int32)
     lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
     hi = tl.max(slots)
-    row0 = pid_m * BLOCK_M
     dtype = c_desc.dtype
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if LORA_FIRST:
@@ -229,27 +209,9 @@ def capture(cell: Cell, call) -> torch.cuda.CUDAGraph:
     for t in cell.sets:
         call(t)
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for t in cell.sets:
-            call(t)
-    graph.replay()
+    graph = capture_graph(lambda: [call(t) for t in cell.sets])
     torch.cuda.synchronize()
     return graph
-
-
-def replay_us(graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
 
 
 def time_interleaved(cell: Cell, calls: dict, iters: int, rounds: int) -> tuple[dict, dict]:
@@ -266,7 +228,7 @@ def time_interleaved(cell: Cell, calls: dict, iters: int, rounds: int) -> tuple[
     samples = {name: [] for name in graphs}
     for _ in range(rounds):
         for name, graph in graphs.items():
-            samples[name].append(replay_us(graph, iters) / cell.copies)
+            samples[name].append(replay_median_us(graph, iters) / cell.copies)
     for name, values in samples.items():
         out[name] = round(statistics.median(values), 2)
         spread[name] = round(max(values) / min(values), 3)

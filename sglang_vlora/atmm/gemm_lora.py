@@ -56,13 +56,25 @@ def config_for(max_rank: int) -> GemmConfig:
 
 
 @triton.jit
-def _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK: tl.constexpr,
-               DTYPE: tl.constexpr):
+def tile_origin(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(row0, col0)`` of output tile ``tile``: tiles run GROUP_M row tiles at a time down each
+    column of tiles, so the weight tile they share is still in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (tile // per_group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return (first_m + (tile % per_group) % size_m) * BLOCK_M, ((tile % per_group) // size_m) * BLOCK_N
+
+
+@triton.jit
+def lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, slot_width,
+              R_BLOCK: tl.constexpr, DTYPE: tl.constexpr):
     """``acc + scale * inter @ B^T`` over the tile's rows of ``slot``: the other rows, and the
-    columns past the slot's rank (the next slice's, or stale pool columns), masked to zero."""
+    columns past the slot's rank (the next slice's, or stale pool columns), masked to zero.
+    ``slot_width``: the intermediate's columns per slot (0: each row holds its own slot's only)."""
     offs_r = tl.arange(0, R_BLOCK)
     rank = tl.load(ranks_ptr + slot)
-    part_i = i_desc.load([row0, s * rank]).to(tl.float32)
+    part_i = i_desc.load([row0, slot * slot_width + s * rank]).to(tl.float32)
     keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
     part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(DTYPE)
     part_b = bb_desc.load([slot * N + col0, 0])
@@ -77,16 +89,7 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     """One output tile: the K loop over ``x`` and ``W``, then one LoRA MMA for the lowest and
     one for the highest slot among the tile's rows, and a loop over any slots between them
     (a run-time loop over all of them cost 34-50% of the GEMM: docs/atmm.md)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
-    row0 = pid_m * BLOCK_M
-    col0 = pid_n * BLOCK_N
+    row0, col0 = tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = out_desc.dtype
     # The rows' slots before the K loop: their loads' latency hides under it (after it, the
     # kernel alone ran about 25% slower in qkv and gate_up prefill of 4096 tokens on the H200).
@@ -101,11 +104,12 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), w_desc.load([col0, k * BLOCK_K]).T, acc)
     if hi >= 0:
-        acc = _lora_tile(acc, i_desc, bb_desc, lo, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK, dtype)
+        acc = lora_tile(acc, i_desc, bb_desc, lo, slots, scales, ranks_ptr, row0, col0, s, N, 0, R_BLOCK, dtype)
     if hi > lo:
-        acc = _lora_tile(acc, i_desc, bb_desc, hi, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK, dtype)
+        acc = lora_tile(acc, i_desc, bb_desc, hi, slots, scales, ranks_ptr, row0, col0, s, N, 0, R_BLOCK, dtype)
         for slot in range(lo + 1, hi):
-            acc = _lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, R_BLOCK, dtype)
+            acc = lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N, 0, R_BLOCK,
+                                dtype)
     if HAS_BIAS:
         cols = col0 + tl.arange(0, BLOCK_N)
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]

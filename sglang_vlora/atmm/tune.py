@@ -178,12 +178,22 @@ def time_launch(fn: Callable[[], None], reps: int, iters: int) -> float:
 def graph_replay_us(capture: Callable[[], None], iters: int) -> float:
     """Capture ``capture()`` into one CUDA graph and return the median microseconds of
     a replay over ``iters`` timed replays (after one untimed warm-up replay)."""
+    return replay_median_us(capture_graph(capture), iters)
+
+
+def capture_graph(capture: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """``capture()`` captured into one CUDA graph on a side stream, replayed once (warm-up)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         capture()
     graph.replay()
+    return graph
+
+
+def replay_median_us(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    """The median microseconds of ``iters`` timed replays of ``graph``."""
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
