@@ -46,7 +46,7 @@ from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora import in_gemm_weights
-from sglang_vlora.atmm import ops
+from sglang_vlora.atmm import gemm_lora, ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
@@ -64,6 +64,10 @@ NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merge
 # GEMM the LoRA added 0.08-0.29 ms less than in sequence at 16-256 tokens, 0.14-0.22 ms more
 # at 512 and 1024. Decided by the rows a layer runs, i.e. the graph's captured size.
 SIDE_STREAM_MAX_TOKENS = 256
+# Eager batches' LoRA inside ATMM's own GEMM (ops.lora_apply_gemm) for pools of at most this max
+# rank: faster than the eager shrink and expand in every prefill cell of ranks 8-64 of the H200
+# kernel runs, slower at 128 (docs/atmm.md).
+LORA_GEMM_MAX_RANK = 64
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
 _profile_range = (
@@ -167,7 +171,15 @@ class ATMMLoRABackend(BaseLoRABackend):
         self._eager_compiles_done: set[tuple] = set()
         # Batches prepared, by the layout they were written for (a graph batch is replayed
         # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
-        self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0}
+        self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0, "eager_lora_gemm": 0}
+        # An eager batch's items in the tokens' order (no permutation) for ops.lora_apply_gemm, on
+        # the layers with the appended-rows stack; None where that op does not run (--vlora-lora-gemm).
+        self.gemm_items: WorkItems | None = None
+        # (On a GPU; on a CPU only under Triton's interpreter, where the op runs there for tests.)
+        on_device = torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        self.lora_gemm = cfg is not None and cfg.lora_gemm == "auto" and on_device
+        self.lora_gemm_min_tokens = cfg.lora_gemm_min_tokens if cfg is not None else 0
+        self._lora_gemm_refused: set[tuple] = set()  # module shapes it refused (logged once each)
 
     # ------------------------------------------------------------------ set-up
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
@@ -259,6 +271,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # (k's tokens nothing, others +own -k, base-only -k).
         self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
         if graph is not None:
+            self.gemm_items = None
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
             if graph == "prefill":
@@ -269,6 +282,14 @@ class ATMMLoRABackend(BaseLoRABackend):
                 raise RuntimeError(f"a {graph} graph batch before init_{graph}_cuda_graph_batch_info")
             self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation, static, batch_info)
             return
+        self.gemm_items = None
+        if (self.lora_gemm and self.shrink_in_gemm and merged_slot is None
+                and sum(seq_lens) >= self.lora_gemm_min_tokens):
+            # Unmerged: one +adapter item per run of requests, in the tokens' order.
+            run_starts, run_lengths, run_slots = segments_from_requests(seq_lens, list(weight_indices))
+            self.gemm_items = build_work_items(run_starts, run_lengths, run_slots, [scalings[s] for s in run_slots],
+                                               lora_ranks, device=self.device)
+            self.batches_by_layout["eager_lora_gemm"] += 1
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.static_items = None
@@ -377,11 +398,35 @@ class ATMMLoRABackend(BaseLoRABackend):
             return ops.lora_apply_static_with_base(
                 x, lora_a, lora_b, self.static_items, slice_offsets, base_fn, stream, self.impl
             )
+        if self.gemm_items is not None:
+            output = self._lora_gemm(layer, x, lora_a, lora_b, slice_offsets)
+            if output is not None:
+                return output
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
         output = base_fn()
         with _profile_range("vlora.eager_lora"):
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, slice_offsets, output, self.impl)
+
+    def _lora_gemm(self, layer, x, lora_a, lora_b, slice_offsets: list[int]) -> torch.Tensor | None:
+        """Base + bias + LoRA of an eager batch in ATMM's own GEMM (ops.lora_apply_gemm), over the
+        layer's appended-rows stack; None where the layer has none or the op cannot run these
+        operands (the module then takes the usual path: the same sums, other kernels)."""
+        fused = getattr(layer, in_gemm_weights.ATTR, None)
+        if fused is None:
+            return None
+        weight = fused.weight[: fused.out_features]
+        reason = "pool max rank above 64" if lora_b.shape[2] > LORA_GEMM_MAX_RANK else gemm_lora.unsupported(
+            x, weight, lora_b, self.gemm_items, slice_offsets)
+        if reason is not None:
+            key = (tuple(weight.shape), tuple(lora_b.shape), tuple(slice_offsets), reason)
+            if key not in self._lora_gemm_refused:
+                self._lora_gemm_refused.add(key)
+                logger.info("LoRA in the plugin's GEMM not used for a %s module: %s", tuple(weight.shape), reason)
+            return None
+        bias = None if fused.bias is None else fused.bias[: fused.out_features]
+        with _profile_range("vlora.eager_lora_gemm"):
+            return ops.lora_apply_gemm(x, weight, bias, lora_a, lora_b, self.gemm_items, slice_offsets)
 
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:

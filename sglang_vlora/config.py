@@ -20,6 +20,7 @@ ATMM_IMPLS = ("auto", "torch")
 # "manual": no orchestrator; modes change only through POST /vlora/mode.
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
 SHRINK_IN_GEMM = ("auto", "on", "off")
+LORA_GEMM = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class VLoRAConfig:
     # (sglang_vlora.in_gemm_weights): "auto" where eligible on a GPU and the appended rows are at
     # most half the module's own; "on" wherever eligible (any device, any row count); "off" never.
     shrink_in_gemm: str = "auto"
+    # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "auto" for unmerged
+    # eager batches of at least lora_gemm_min_tokens tokens, on layers with the appended-rows
+    # stack (shrink_in_gemm), where the op supports the operands; "off" never.
+    lora_gemm: str = "auto"
+    lora_gemm_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.atmm_impl not in ATMM_IMPLS:
@@ -80,6 +86,10 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-max-image-pixels must be >= 1, got {self.max_image_pixels}")
         if self.shrink_in_gemm not in SHRINK_IN_GEMM:
             raise ValueError(f"--vlora-shrink-in-gemm must be one of {SHRINK_IN_GEMM}, got {self.shrink_in_gemm!r}")
+        if self.lora_gemm not in LORA_GEMM:
+            raise ValueError(f"--vlora-lora-gemm must be one of {LORA_GEMM}, got {self.lora_gemm!r}")
+        if self.lora_gemm_min_tokens < 1:
+            raise ValueError(f"--vlora-lora-gemm-min-tokens must be >= 1, got {self.lora_gemm_min_tokens}")
         if self.cost_model is not None and not os.path.isfile(self.cost_model):
             raise ValueError(f"--vlora-cost-model: no such file {self.cost_model!r}")
 
@@ -112,6 +122,8 @@ class VLoRAConfig:
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
             shrink_in_gemm=args.vlora_shrink_in_gemm,
+            lora_gemm=args.vlora_lora_gemm,
+            lora_gemm_min_tokens=args.vlora_lora_gemm_min_tokens,
         )
 
 
@@ -207,4 +219,21 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "rows appended to the base weights (tensor parallelism 1, unquantized weights): auto (default) "
         "where the appended rows are at most half the module's own, on a GPU; on: wherever possible; "
         "off: never (the shrink runs as its own kernel).",
+    )
+    group.add_argument(
+        "--vlora-lora-gemm",
+        choices=LORA_GEMM,
+        default=defaults.lora_gemm,
+        help="Eager batches (prefills past the prefill CUDA graphs) compute each layer's base GEMM "
+        "and LoRA in one GEMM of the plugin's own, the LoRA delta added in its accumulator: auto "
+        "(default) for unmerged batches of at least --vlora-lora-gemm-min-tokens tokens on the layers "
+        "with the appended rows of --vlora-shrink-in-gemm, on a GPU, pool max rank a multiple of 8 up "
+        "to 64; off: SGLang's base GEMM, then the plugin's shrink and expand.",
+    )
+    group.add_argument(
+        "--vlora-lora-gemm-min-tokens",
+        type=int,
+        default=defaults.lora_gemm_min_tokens,
+        metavar="N",
+        help="Fewest tokens in an eager batch for --vlora-lora-gemm (default 1024).",
     )

@@ -371,7 +371,8 @@ def test_prefill_graph_path_replays_any_batch_in_its_buckets(impl):
             assert torch.equal(got[n:], base[n:]), label
         assert static.packed.data_ptr() == buffers, "buffers reallocated"
 
-    assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS)}
+    assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS),
+                                         "eager_lora_gemm": 0}
     # A batch above the prefill graph's limits never reaches it (SGLang runs it eagerly): refused.
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS + 1]), [1], SLOTS_RANKS, SCALINGS, False, True)
@@ -454,3 +455,50 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     capturing[0] = False
     backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
     assert len(calls) == 1
+
+
+def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
+    """With ``--vlora-lora-gemm auto`` an unmerged eager batch of at least the minimum tokens runs
+    each layer with the appended-rows stack through ops.lora_apply_gemm (Triton's interpreter
+    here): base + bias + LoRA in one call, SGLang's base GEMM not run; requests of one adapter
+    apart from each other (the usual items would permute them), the no-adapter slot, mixed
+    ranks, NaN past every rank. A merged adapter, a shorter batch or a layer without the stack
+    take the usual path."""
+    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    slices = [256, 256, 256]  # inner offsets: multiples of the GEMM's tile columns
+    a, b = pools(slices, seed=21)
+    for slot, r in enumerate(SLOTS_RANKS):
+        a[slot, len(slices) * r :] = float("nan")
+        b[slot, :, r:] = float("nan")
+    g = torch.Generator().manual_seed(22)
+    w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
+    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
+                                                   bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
+                                                   out_features=sum(slices))})
+    rt = VLoRARuntime(VLoRAConfig(lora_gemm_min_tokens=16))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), runtime=rt)
+    backend.shrink_in_gemm = True
+    offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
+    seq_lens, slots = [5, 3, 7, 4, 2], [1, 3, 1, 0, 2]
+    token_slots = [s for n, s in zip(seq_lens, slots, strict=True) for _ in range(n)]
+    x = torch.randn(sum(seq_lens), D_IN, generator=g)
+    expected = x.double() @ w.double().T + bias.double() + reference(x, a, b, token_slots, slices)[0]
+
+    rt.controller = FakeController(None)
+    backend.prepare_lora_batch(extend_batch(seq_lens), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
+    assert backend.batches_by_layout["eager_lora_gemm"] == 1 and backend.gemm_items.permutation is None
+    got = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    # A layer without the stack, in the same batch: SGLang's base GEMM, then ATMM's shrink and expand.
+    plain = backend.forward_with_base(SimpleNamespace(), x, lambda: x @ w.T + bias, a, b, None, offsets)
+    torch.testing.assert_close(plain.double(), expected, rtol=1e-4, atol=1e-4)
+
+    for merged, tokens in ((2, sum(seq_lens)), (None, 15)):  # mixture; fewer tokens than the minimum
+        rt.controller = FakeController(merged)
+        lens = seq_lens if tokens == sum(seq_lens) else [15]
+        backend.prepare_lora_batch(extend_batch(lens), slots[: len(lens)], SLOTS_RANKS, SCALINGS,
+                                   use_cuda_graph=False)
+        assert backend.gemm_items is None
+    assert backend.batches_by_layout["eager_lora_gemm"] == 1

@@ -1,0 +1,81 @@
+"""GPU check of the eager batches' LoRA inside the plugin's own GEMM (``--vlora-lora-gemm``:
+``ops.lora_apply_gemm`` through the backend's ``forward_with_base``), compiled Triton on
+CUDA (skipped without it, under Triton's interpreter, or without SGLang).
+
+A q/k/v layer with the appended-rows stack (``in_gemm_weights``), 1024 -> 1024 + 256 + 256,
+pool max rank 64 (ranks 16, 64, 8 and the no-adapter slot): an unmerged eager batch of 1536
+tokens whose requests of one adapter are apart, with bias, against fp64; SGLang's base GEMM
+must not run. Relative error of the whole output: bf16 1e-2 (the bf16 rounding of the output
+and of the shrink's intermediate).
+
+Run on a GPU machine with SGLang installed: ``TRITON_INTERPRET=0 python -m pytest tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs a CUDA GPU and compiled Triton",
+)
+
+D = 1024
+QKV = [0, 1024, 1280, 1536]
+RANKS = [0, 16, 64, 8]
+SCALINGS = [0.0, 2.0, 0.5, 1.5]
+REQUESTS = [(512, 1), (128, 2), (256, 0), (384, 1), (64, 3), (192, 2)]  # (tokens, slot)
+
+
+def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
+    pytest.importorskip("sglang.srt.lora.backend.base_backend")
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_vlora.backend import ATMMLoRABackend
+    from sglang_vlora.config import VLoRAConfig
+    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+    from sglang_vlora.runtime import VLoRARuntime
+
+    g = torch.Generator().manual_seed(0)
+    max_rank = max(RANKS)
+    a = torch.randn(4, 3 * max_rank, D, generator=g) * D**-0.5
+    b = torch.randn(4, QKV[-1], max_rank, generator=g) * max_rank**-0.5
+    w = torch.randn(QKV[-1], D, generator=g) * D**-0.5
+    bias = torch.randn(QKV[-1], generator=g)
+    lens = [n for n, _ in REQUESTS]
+    x = torch.randn(sum(lens), D, generator=g)
+    stack = torch.cat([w, a.reshape(-1, D)]).to("cuda", torch.bfloat16)
+    bias_ext = torch.cat([bias, torch.zeros(a.shape[0] * a.shape[1])]).to("cuda", torch.bfloat16)
+    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=stack, bias=bias_ext, out_features=QKV[-1])})
+    pool_a = stack[QKV[-1] :].view(a.shape)
+    pool_b = b.to("cuda", torch.bfloat16)
+
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
+    backend.shrink_in_gemm = True
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(REQUESTS),
+                            extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=lens)
+    backend.prepare_lora_batch(batch, [s for _, s in REQUESTS], RANKS, SCALINGS, use_cuda_graph=False)
+    assert backend.gemm_items is not None and backend.batches_by_layout["eager_lora_gemm"] == 1
+    xs = x.to("cuda", torch.bfloat16)
+    got = backend.forward_with_base(layer, xs, lambda: pytest.fail("SGLang's base GEMM ran"), pool_a, pool_b, None,
+                                    tuple(QKV))
+
+    # fp64 from the same bf16-rounded operands
+    xd, wd, bd = xs.double().cpu(), stack[: QKV[-1]].double().cpu(), bias_ext[: QKV[-1]].double().cpu()
+    ad, bbd = pool_a.double().cpu(), pool_b.double().cpu()
+    ref = xd @ wd.T + bd
+    start = 0
+    for n, slot in REQUESTS:
+        r = RANKS[slot]
+        for s in range(3) if r else ():
+            lo, hi = QKV[s], QKV[s + 1]
+            ref[start : start + n, lo:hi] += SCALINGS[slot] * (xd[start : start + n] @ ad[slot, s * r : (s + 1) * r].T
+                                                               @ bbd[slot, lo:hi, :r].T)
+        start += n
+    err = ((got.double().cpu() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err
