@@ -19,15 +19,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
     reason="needs a CUDA GPU and compiled Triton",
 )
 
-D = 1024
-QKV = [0, 1024, 1280, 1536]
-RANKS = [0, 16, 64, 8]
-SCALINGS = [0.0, 2.0, 0.5, 1.5]
 REQUESTS = [(512, 1), (128, 2), (256, 0), (384, 1), (64, 3), (192, 2)]  # (tokens, slot)
 
 
