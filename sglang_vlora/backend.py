@@ -299,13 +299,18 @@ class ATMMLoRABackend(BaseLoRABackend):
         self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
 
-    def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets) -> None:
+    def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets,
+                             layer=None) -> None:
         """A module run inside a graph capture: its eager kernels get compiled ahead too. With
         every forward a graph replay, the first eager batch (one above the prefill graph's
         largest bucket, or with images) would otherwise compile them while serving, stalling
-        every request in flight for seconds."""
+        every request in flight for seconds. ``layer``: the module's LoRA layer, whose
+        appended-rows stack (with or without bias) the eager LoRA-in-GEMM kernel runs over."""
         if _capturing(x.device):
-            key = (x.dtype, x.shape[1], tuple(lora_a.shape), tuple(lora_b.shape), tuple(int(o) for o in offsets))
+            fused = getattr(layer, in_gemm_weights.ATTR, None)
+            gemm_bias = None if fused is None else fused.bias is not None
+            key = (x.dtype, x.shape[1], tuple(lora_a.shape), tuple(lora_b.shape), tuple(int(o) for o in offsets),
+                   gemm_bias)
             if key not in self._eager_compiles_done:
                 self._eager_compiles_due[key] = (lora_a, lora_b)
 
@@ -315,13 +320,15 @@ class ATMMLoRABackend(BaseLoRABackend):
         configs are keyed by rank too: an adapter of a smaller rank still compiles its own at
         its first eager batch, as it does on a server without graphs."""
         for key, (lora_a, lora_b) in self._eager_compiles_due.items():
-            dtype, k, _, _, offsets = key
+            dtype, k, _, _, offsets, gemm_bias = key
             num_slices = len(offsets) - 1
             max_rank = lora_a.shape[1] // num_slices
             items = build_work_items([0], [16], [0], [1.0], [max_rank] * lora_a.shape[0], device=self.device)
             x = torch.empty((16, k), dtype=dtype, device=self.device)
             output = torch.empty((16, offsets[-1]), dtype=dtype, device=self.device)
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
+            if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
+                gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 
@@ -387,7 +394,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         slice_offsets = [int(o) for o in offsets]
         if self.use_graph_path:
-            self._note_captured_shape(x, lora_a, lora_b, offsets)
+            self._note_captured_shape(x, lora_a, lora_b, offsets, layer)
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None and self.static_items.covers_tokens:
                 return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
@@ -417,7 +424,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             return None
         weight = fused.weight[: fused.out_features]
         reason = "pool max rank above 64" if lora_b.shape[2] > LORA_GEMM_MAX_RANK else gemm_lora.unsupported(
-            x, weight, lora_b, self.gemm_items, slice_offsets)
+            x, weight, lora_b, slice_offsets, self.gemm_items)
         if reason is not None:
             key = (tuple(weight.shape), tuple(lora_b.shape), tuple(slice_offsets), reason)
             if key not in self._lora_gemm_refused:

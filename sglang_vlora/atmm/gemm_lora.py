@@ -82,7 +82,9 @@ def lora_tile(acc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, 
     return tl.dot(part_i, part_b.T, acc)
 
 
-@triton.jit
+# The token count changes with every batch: not specialised (on == 1 and % 16), so one compiled
+# variant per module shape serves every batch (compile_ahead compiles it before serving).
+@triton.jit(do_not_specialize=("M",))
 def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_slots_ptr, tok_scales_ptr, ranks_ptr,
                       M, N, K, off1, off2, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -116,16 +118,16 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     out_desc.store([row0, col0], acc.to(dtype))
 
 
-def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, items: WorkItems,
-                slice_offsets: list[int], config: GemmConfig | None = None) -> str | None:
-    """Why this GEMM cannot run these operands, or None."""
+def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, slice_offsets: list[int],
+                items: WorkItems | None = None, config: GemmConfig | None = None) -> str | None:
+    """Why this GEMM cannot run these operands (and ``items``, where given), or None."""
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "not a CUDA tensor (or Triton's interpreter)"
     if x.is_cuda and x.dtype not in DTYPES:
         return f"dtype {x.dtype} (bf16 or fp16 only)"
-    if items.permutation is not None:
+    if items is not None and items.permutation is not None:
         return "a permuted batch (the shrink's rows would not be the tokens)"
-    if items.num_layers != 1 or items.partners_host is not None:
+    if items is not None and (items.num_layers != 1 or items.partners_host is not None):
         return "items that overlap (one LoRA contribution per token only)"
     max_rank = b_buffer.shape[2]
     if max_rank % 8 or max_rank > 128:
@@ -156,9 +158,11 @@ def token_maps(items: WorkItems, m: int, device: torch.device) -> tuple[torch.Te
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inter: torch.Tensor,
            b_buffer: torch.Tensor, token_slots: torch.Tensor, token_scales: torch.Tensor, ranks: torch.Tensor,
-           slice_offsets: list[int], out: torch.Tensor, config: GemmConfig | None = None) -> torch.Tensor:
+           slice_offsets: list[int], out: torch.Tensor, config: GemmConfig | None = None,
+           compile_only: bool = False) -> torch.Tensor:
     """``out = x @ weight.T (+ bias) + LoRA``; ``inter`` ``[m, S * max_rank]`` has each covered
-    token's shrink in its row; ``b_buffer`` ``[slots, N, max_rank]``. Returns ``out``."""
+    token's shrink in its row; ``b_buffer`` ``[slots, N, max_rank]``. Returns ``out``.
+    ``compile_only``: compile the kernel these arguments select, launch nothing."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -168,14 +172,38 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, int
     # pool's come in as zeros (the descriptors' bounds), past a slot's rank are masked
     offs = [int(o) for o in slice_offsets] + [n] * (4 - len(slice_offsets))
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
-    _gemm_lora_kernel[grid](
+    args = (
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
         TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
         TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]),
         TensorDescriptor.from_tensor(inter, [config.block_m, rank_block]),
         TensorDescriptor.from_tensor(b_buffer.view(-1, b_buffer.shape[2]), [config.block_n, rank_block]),
         bias if bias is not None else out, token_slots, token_scales, ranks, m, n, k, offs[1], offs[2],
-        HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        R_BLOCK=rank_block, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                  "BLOCK_K": config.block_k, "R_BLOCK": rank_block, "GROUP_M": config.group_m,
+                  "num_warps": config.num_warps, "num_stages": config.num_stages}
+    if compile_only:
+        _gemm_lora_kernel.warmup(*args, grid=grid, **constexprs)
+    else:
+        _gemm_lora_kernel[grid](*args, **constexprs)
     return out
+
+
+def compile_ahead(x: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, slice_offsets: list[int],
+                  has_bias: bool) -> bool:
+    """Compile, launching nothing, the kernel :func:`launch` runs for a module of this shape
+    (``x``: any rows of its input's width and dtype; the pools as served): a server whose
+    prefills replay CUDA graphs would otherwise compile it at its first large eager batch, in
+    a user's request. False where the op cannot run these operands (nothing to compile)."""
+    n, m = slice_offsets[-1], 16
+    weight = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+    if unsupported(x, weight, b_buffer, slice_offsets) is not None:
+        return False
+    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    maps = torch.empty(m, dtype=torch.int32, device=x.device), torch.empty(m, dtype=torch.float32, device=x.device)
+    ranks = torch.empty(b_buffer.shape[0], dtype=torch.int32, device=x.device)
+    bias = torch.empty(n, dtype=x.dtype, device=x.device) if has_bias else None
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    launch(x[:m], weight, bias, inter, b_buffer, *maps, ranks, slice_offsets, out, compile_only=True)
+    return True

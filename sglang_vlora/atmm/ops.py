@@ -131,7 +131,7 @@ def lora_apply_gemm(
     accumulator (:mod:`sglang_vlora.atmm.gemm_lora`). Eager batches only (the token maps are
     built from the items' host lists, once per batch); raises ``ValueError`` where
     :func:`gemm_lora.unsupported` names a reason."""
-    reason = gemm_lora.unsupported(x, weight, b_buffer, items, slice_offsets)
+    reason = gemm_lora.unsupported(x, weight, b_buffer, slice_offsets, items)
     if reason is not None:
         raise ValueError(f"lora_apply_gemm: {reason}")
     _check_shrink_shapes(x, a_buffer)
@@ -145,8 +145,9 @@ def lora_apply_gemm(
     inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     from sglang_vlora.atmm import triton_kernels
 
+    # The identity permutation, as lora_apply's shrink reads: the variant compile_eager compiled.
     triton_kernels.launch_shrink(x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.seg_starts,
-                                 items.ranks, None, num_slices, m, cfg)
+                                 items.ranks, _kernel_permutation(items, m), num_slices, m, cfg)
     out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
     return gemm_lora.launch(x, weight, bias, inter, b_buffer, *maps, items.ranks, slice_offsets, out)
 

@@ -82,3 +82,25 @@ def test_prefill_token_counts_compile_nothing_at_launch() -> None:
         ops.lora_apply(x, a, b, mixture, offsets, torch.zeros(tokens, sum(widths), device="cuda", dtype=x.dtype))
     torch.cuda.synchronize()
     assert LAUNCH_COMPILES.count == before, LAUNCH_COMPILES.snapshot()
+
+
+def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
+    """``gemm_lora.compile_ahead`` (what the backend runs for a captured module shape) compiles
+    the one variant that eager batches of any token count then launch."""
+    from sglang_vlora.atmm import gemm_lora, ops
+    from sglang_vlora.atmm.work_items import build_work_items
+
+    k, rank, offsets = 896, 32, [0, 768, 1024, 1280]  # a shape no other test uses
+    a = torch.randn(2, 3 * rank, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, offsets[-1], rank, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(offsets[-1], k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(offsets[-1], device="cuda", dtype=torch.bfloat16)
+    assert gemm_lora.compile_ahead(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), a, b, offsets, True)
+    before = _compiled(gemm_lora._gemm_lora_kernel)
+    assert before >= 1
+    for m in (1000, 1536, 4097):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        items = build_work_items([0], [m], [1], [1.0], [0, rank], device="cuda")
+        ops.lora_apply_gemm(x, w, bias, a, b, items, offsets)
+    torch.cuda.synchronize()
+    assert _compiled(gemm_lora._gemm_lora_kernel) == before
