@@ -45,9 +45,12 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import provenance  # noqa: E402
-from bench.kernels import SCALE, Cell  # noqa: E402
+from bench.kernels import Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
-from sglang_vlora.atmm import ops  # noqa: E402
+from sglang_vlora.atmm import (
+    gemm_lora,  # noqa: E402
+    ops,  # noqa: E402
+)
 from sglang_vlora.atmm.gemm_lora import lora_tile, tile_origin  # noqa: E402
 from sglang_vlora.atmm.tune import capture_graph, replay_median_us  # noqa: E402
 
@@ -174,26 +177,9 @@ def tma_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, spec: tuple, p
     )
 
 
-def token_maps(
-    seg_starts: list[int], seg_lens: list[int], slots: list[int], scales: list[float], m: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(token_slots, token_scales)`` for items that do not overlap, without permutation:
-    ``[m]`` int32 slots (-1 where no item covers the token) and float32 scales."""
-    token_slots = torch.full((m,), -1, dtype=torch.int32)
-    token_scales = torch.zeros(m, dtype=torch.float32)
-    for start, length, slot, scale in zip(seg_starts, seg_lens, slots, scales, strict=True):
-        if (token_slots[start : start + length] >= 0).any():
-            raise ValueError("items overlap: the GEMM epilogue adds one slot per token")
-        token_slots[start : start + length] = slot
-        token_scales[start : start + length] = scale
-    return token_slots.to(device), token_scales.to(device)
-
-
 def prepare(cell: Cell) -> None:
     d_in, width = cell.d_in, cell.offsets[-1]
-    slots, scales = token_maps(cell.seg_starts, cell.seg_lens, cell.slots,
-                                             [SCALE] * cell.adapters, cell.tokens, "cuda")
-    cell.token_slots, cell.token_scales = slots, scales
+    cell.token_slots, cell.token_scales = gemm_lora.token_maps(cell.items, cell.tokens, "cuda")
     for t in cell.sets:
         t["a_rows"] = t["a"].reshape(-1, d_in)
         t["inter"] = torch.empty(cell.tokens, t["a_rows"].shape[0], device="cuda", dtype=torch.bfloat16)

@@ -179,7 +179,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         on_device = torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
         self.lora_gemm = cfg is not None and cfg.lora_gemm == "auto" and on_device
         self.lora_gemm_min_tokens = cfg.lora_gemm_min_tokens if cfg is not None else 0
-        self._lora_gemm_refused: set[tuple] = set()  # module shapes it refused (logged once each)
+        # Per module shape, why the op cannot run it (None: it can); decided once, logged once.
+        self._lora_gemm_reasons: dict[tuple, str | None] = {}
+        self._lora_gemm_ran = False  # whether the prepared batch ran some module through it
 
     # ------------------------------------------------------------------ set-up
     def validate_lora_targets(self, base_model: torch.nn.Module, target_modules: set[str]) -> None:
@@ -289,7 +291,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             run_starts, run_lengths, run_slots = segments_from_requests(seq_lens, list(weight_indices))
             self.gemm_items = build_work_items(run_starts, run_lengths, run_slots, [scalings[s] for s in run_slots],
                                                lora_ranks, device=self.device)
-            self.batches_by_layout["eager_lora_gemm"] += 1
+            self._lora_gemm_ran = False
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.static_items = None
@@ -423,17 +425,23 @@ class ATMMLoRABackend(BaseLoRABackend):
         if fused is None:
             return None
         weight = fused.weight[: fused.out_features]
-        reason = "pool max rank above 64" if lora_b.shape[2] > LORA_GEMM_MAX_RANK else gemm_lora.unsupported(
-            x, weight, lora_b, slice_offsets, self.gemm_items)
-        if reason is not None:
-            key = (tuple(weight.shape), tuple(lora_b.shape), tuple(slice_offsets), reason)
-            if key not in self._lora_gemm_refused:
-                self._lora_gemm_refused.add(key)
+        # The batch's gemm_items are never permuted nor overlapping: the shape decides.
+        key = (x.dtype, x.stride(), tuple(weight.shape), tuple(lora_b.shape), tuple(slice_offsets))
+        if key not in self._lora_gemm_reasons:
+            reason = ("pool max rank above 64" if lora_b.shape[2] > LORA_GEMM_MAX_RANK
+                      else gemm_lora.unsupported(x, weight, lora_b, slice_offsets))
+            self._lora_gemm_reasons[key] = reason
+            if reason is not None:
                 logger.info("LoRA in the plugin's GEMM not used for a %s module: %s", tuple(weight.shape), reason)
+        if self._lora_gemm_reasons[key] is not None:
             return None
         bias = None if fused.bias is None else fused.bias[: fused.out_features]
         with _profile_range("vlora.eager_lora_gemm"):
-            return ops.lora_apply_gemm(x, weight, bias, lora_a, lora_b, self.gemm_items, slice_offsets)
+            output = ops.lora_apply_gemm(x, weight, bias, lora_a, lora_b, self.gemm_items, slice_offsets)
+        if not self._lora_gemm_ran:
+            self._lora_gemm_ran = True
+            self.batches_by_layout["eager_lora_gemm"] += 1
+        return output
 
     def run_lora_a_sgemm(self, x: torch.Tensor, weights: torch.Tensor, stack_num: int = 1, *args, **kwargs) -> torch.Tensor:
         if self.use_graph_path:

@@ -89,12 +89,11 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
                       M, N, K, off1, off2, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr):
     """One output tile: the K loop over ``x`` and ``W``, then one LoRA MMA for the lowest and
-    one for the highest slot among the tile's rows, and a loop over any slots between them
-    (a run-time loop over all of them cost 34-50% of the GEMM: docs/atmm.md)."""
+    one for the highest slot among the tile's rows, and a loop over any slots between them (a
+    run-time loop over all of them cost 34-50 points in the probe: docs/atmm.md)."""
     row0, col0 = tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = out_desc.dtype
-    # The rows' slots before the K loop: their loads' latency hides under it (after it, the
-    # kernel alone ran about 25% slower in qkv and gate_up prefill of 4096 tokens on the H200).
+    # The rows' slots before the K loop: their loads' latency hides under it.
     rows = row0 + tl.arange(0, BLOCK_M)
     valid = rows < M
     slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)

@@ -137,19 +137,27 @@ def lora_apply_gemm(
     _check_shrink_shapes(x, a_buffer)
     if items.num_items == 0:
         return torch.nn.functional.linear(x, weight, bias)
-    m = x.shape[0]
-    maps = _plan(items, ("gemm_maps", m, str(x.device)), lambda: gemm_lora.token_maps(items, m, x.device))
-    num_slices = len(slice_offsets) - 1
-    cfg = _pick("shrink", x, (x.shape[1], num_slices * _items_max_rank(items), m), "triton")[1]
-    # Rows at the positions: each item's rows start at its segment (items do not overlap).
-    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    from sglang_vlora.atmm import triton_kernels
+    # One plan key per module call, as lora_apply's: the layers of one module shape share it.
+    key = ("gemm", x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
+           weight.shape, bias is None, tuple(slice_offsets))
+    return _plan(items, key, lambda: _gemm_plan(x, a_buffer, items, slice_offsets))(x, weight, bias, a_buffer,
+                                                                                   b_buffer)
 
-    # The identity permutation, as lora_apply's shrink reads: the variant compile_eager compiled.
-    triton_kernels.launch_shrink(x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.seg_starts,
-                                 items.ranks, _kernel_permutation(items, m), num_slices, m, cfg)
-    out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
-    return gemm_lora.launch(x, weight, bias, inter, b_buffer, *maps, items.ranks, slice_offsets, out)
+
+def _gemm_plan(x, a_buffer, items: WorkItems, slice_offsets: list[int]) -> Callable:
+    """``plan(x, weight, bias, a_buffer, b_buffer) -> output`` of :func:`lora_apply_gemm` for this
+    shape and batch: the token maps (once per batch), the shrink's rows at the tokens' positions
+    (its launch prepared), then the GEMM."""
+    m = x.shape[0]
+    maps = _plan(items, ("gemm_maps", m), lambda: gemm_lora.token_maps(items, m, x.device))
+    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, "triton", at_positions=True)
+
+    def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor,
+            b: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
+        return gemm_lora.launch(x, weight, bias, shrink(x, a), b, *maps, items.ranks, slice_offsets, out)
+
+    return run
 
 
 def compile_eager(
@@ -438,17 +446,22 @@ def _shrink_kernel(
     return _plan(items, key, lambda: _shrink_plan(x, a_buffer, items, num_slices, zero_fill, impl))(x, a_buffer)
 
 
-def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool, impl: str) -> Callable:
-    """``plan(x, a_buffer) -> intermediate`` for this shape and batch."""
+def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool, impl: str,
+                 at_positions: bool = False) -> Callable:
+    """``plan(x, a_buffer) -> intermediate`` for this shape and batch. ``at_positions``: each
+    item's rows start at its segment's first position (``[x.shape[0], width]``, items that do not
+    overlap; rows no item covers are left unset), Triton only; else at its ``row_starts``."""
     from sglang_vlora.atmm import triton_kernels
 
-    which, cfg = _pick("shrink", x, (x.shape[1], num_slices * _items_max_rank(items), x.shape[0]), impl)
-    rows, width = items.total_rows, a_buffer.shape[1]
+    dims = (x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
+    which, cfg = _pick("shrink", x, dims, "triton" if at_positions else impl)
+    rows, width = (x.shape[0] if at_positions else items.total_rows), a_buffer.shape[1]
     if which != "triton":
         return lambda x, a: _launch_shrink(x, a, items, num_slices, rows, cfg, zero_fill, which)
     alloc = torch.zeros if zero_fill else torch.empty
     inter = alloc((rows, width), dtype=x.dtype, device=x.device)
-    args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts, items.ranks,
+    args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots,
+            items.seg_starts if at_positions else items.row_starts, items.ranks,
             _kernel_permutation(items, x.shape[0]), num_slices, rows)
     key = {"k": x.shape[1], "n": num_slices * _items_max_rank(items)}
     _compile_table_configs("shrink", key, x, lambda c: triton_kernels.launch_shrink(*args, c, compile_only=True))

@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bench import gemm_epilogue  # noqa: E402
+from sglang_vlora.atmm import gemm_lora  # noqa: E402
+from sglang_vlora.atmm.work_items import build_work_items  # noqa: E402
 from tests.kernels.lora_reference import ref_delta, rel_err  # noqa: E402
 
 OFFSETS = [0, 32, 48, 64]
@@ -43,14 +45,9 @@ def test_lora_in_the_gemm_matches_fp64(lora_first):
     inter = (x @ a.reshape(-1, k).T).contiguous()  # every slot's shrink columns
     # rows 0-15: slots 1, 2, 3 in one tile; 16-31: slot 2 then nothing; 32-44: slot 0 (rank 0), then 1
     starts, lens, slots, scales = [0, 5, 9, 16, 35], [5, 4, 7, 6, 10], [1, 2, 3, 2, 1], [0.5, -1.0, 2.0, 1.5, 1.0]
-    token_slots, token_scales = gemm_epilogue.token_maps(starts, lens, slots, scales, m, "cpu")
+    token_slots, token_scales = gemm_lora.token_maps(build_work_items(starts, lens, slots, scales, RANKS), m, "cpu")
     out = torch.empty(m, OFFSETS[-1])
     gemm_epilogue.tma_lora(x, w, out, inter, 3 * MAX_RANK, b, token_slots, token_scales,
                            torch.tensor(RANKS, dtype=torch.int32), OFFSETS, SPEC, lora_first)
     ref = x.double() @ w.double().T + ref_delta(x, a, b, OFFSETS, RANKS, starts, lens, slots, scales)
     assert rel_err(out, ref) < 1e-5
-
-
-def test_token_maps_refuse_overlapping_items():
-    with pytest.raises(ValueError, match="overlap"):
-        gemm_epilogue.token_maps([0, 3], [5, 5], [1, 2], [1.0, 1.0], 10, "cpu")

@@ -488,9 +488,11 @@ def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
 
     rt.controller = FakeController(None)
     backend.prepare_lora_batch(extend_batch(seq_lens), slots, SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
-    assert backend.batches_by_layout["eager_lora_gemm"] == 1 and backend.gemm_items.permutation is None
+    assert backend.gemm_items.permutation is None and backend.batches_by_layout["eager_lora_gemm"] == 0
     got = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    again = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
+    assert torch.equal(again, got) and backend.batches_by_layout["eager_lora_gemm"] == 1  # counted once a batch
     # A layer without the stack, in the same batch: SGLang's base GEMM, then ATMM's shrink and expand.
     plain = backend.forward_with_base(SimpleNamespace(), x, lambda: x @ w.T + bias, a, b, None, offsets)
     torch.testing.assert_close(plain.double(), expected, rtol=1e-4, atol=1e-4)
