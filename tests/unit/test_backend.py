@@ -36,6 +36,24 @@ def pools(slices: list[int], seed: int = 0):
     return a, b
 
 
+def stacked_layer(slices: list[int], seed: int):
+    """``(a, b, w, bias, layer)``: pools with NaN past every slot's rank (no path may read them),
+    a base weight and bias, and a LoRA layer whose base weight has the pool's A rows appended
+    (``in_gemm_weights``' stack, bias zero-padded)."""
+    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+
+    a, b = pools(slices, seed=seed)
+    for slot, r in enumerate(SLOTS_RANKS):
+        a[slot, len(slices) * r :] = float("nan")
+        b[slot, :, r:] = float("nan")
+    g = torch.Generator().manual_seed(seed + 1000)
+    w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
+    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
+                                                   bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
+                                                   out_features=sum(slices))})
+    return a, b, w, bias, layer
+
+
 def reference(x, a, b, token_slots, slices):
     offsets = [0]
     for s in slices:
@@ -198,18 +216,9 @@ def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl):
     """A layer with the pool's A rows appended to its base weight (in_gemm_weights) runs one
     GEMM over both and one expand into a new output: base + bias + LoRA for every token,
     padding rows included, in every mode and item count of REPLAYS."""
-    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
-
     slices = [12, 6, 6]
-    a, b = pools(slices, seed=13)
-    for slot, r in enumerate(SLOTS_RANKS):  # pool entries past a slot's rank are never read
-        a[slot, len(slices) * r :] = float("nan")
-        b[slot, :, r:] = float("nan")
+    a, b, w, bias, layer = stacked_layer(slices, seed=13)
     g = torch.Generator().manual_seed(14)
-    w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
-    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
-                                                   bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
-                                                   out_features=sum(slices))})
     rt = VLoRARuntime(VLoRAConfig())
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
     backend.shrink_in_gemm = True
@@ -464,19 +473,10 @@ def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
     apart from each other (the usual items would permute them), the no-adapter slot, mixed
     ranks, NaN past every rank. A merged adapter, a shorter batch or a layer without the stack
     take the usual path."""
-    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
-
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     slices = [256, 256, 256]  # inner offsets: multiples of the GEMM's tile columns
-    a, b = pools(slices, seed=21)
-    for slot, r in enumerate(SLOTS_RANKS):
-        a[slot, len(slices) * r :] = float("nan")
-        b[slot, :, r:] = float("nan")
+    a, b, w, bias, layer = stacked_layer(slices, seed=21)
     g = torch.Generator().manual_seed(22)
-    w, bias = torch.randn(sum(slices), D_IN, generator=g), torch.randn(sum(slices), generator=g)
-    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=torch.cat([w, a.reshape(-1, D_IN)]),
-                                                   bias=torch.cat([bias, torch.zeros(a.numel() // D_IN)]),
-                                                   out_features=sum(slices))})
     rt = VLoRARuntime(VLoRAConfig(lora_gemm_min_tokens=16))
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), runtime=rt)
     backend.shrink_in_gemm = True
