@@ -8,9 +8,10 @@ LoRA-wrapped module launches two of them per layer (``docs/perf.md``). A
 compiled kernel it returns, and launches that kernel directly afterwards.
 
 The cache key is at least as fine as Triton's specialisation: per tensor its dtype and
-whether its address is 16-byte aligned; per integer whether it is 1, whether it is a
-multiple of 16 and which integer type holds it; the constexpr values, warps and stages,
-and the device. Two launches with the same key would get the same compiled kernel from
+whether its address is 16-byte aligned; per tensor descriptor (TMA) its dtype and block
+shape; per integer whether it is 1, whether it is a multiple of 16 and which integer type
+holds it; the constexpr values, warps and stages, and the device. A descriptor still goes
+to the compiled kernel as the object, which encodes it at each launch as Triton's does. Two launches with the same key would get the same compiled kernel from
 Triton, so skipping its binder changes nothing but host time. Under ``TRITON_INTERPRET=1``
 Triton's launch returns no compiled kernel and every launch takes Triton's path.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
 
@@ -41,6 +43,8 @@ def _variants(fn: Any) -> int | None:
 def _arg_key(arg: Any) -> Any:
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, TensorDescriptor):
+        return TensorDescriptor, arg.base.dtype, tuple(arg.block_shape)
     if isinstance(arg, bool):
         return bool, arg
     if isinstance(arg, int):
@@ -78,7 +82,7 @@ class FastLauncher:
     ) -> None:
         self.check(args, constexprs)
         values = tuple(constexprs.values())
-        key = (args[0].get_device(), num_warps, num_stages, values, *map(_arg_key, args))
+        key = (_device(args[0]), num_warps, num_stages, values, *map(_arg_key, args))
         compiled = self._compiled.get(key)
         if compiled is not None:
             compiled[(*grid, 1, 1)[:3]](*args, *values)
@@ -144,6 +148,11 @@ class PreparedLaunch:
         compiled = launcher._compiled.get((*self._head, *lead_key, *self._tail_key))
         if compiled is not None:
             self._runners[lead_key] = compiled[(*self.grid, 1, 1)[:3]]
+
+
+def _device(arg: torch.Tensor | TensorDescriptor) -> int:
+    """The device index of a kernel's first argument (a tensor or a tensor descriptor)."""
+    return (arg.base if isinstance(arg, TensorDescriptor) else arg).get_device()
 
 
 def _current_stream(device: int) -> int:

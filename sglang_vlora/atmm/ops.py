@@ -131,23 +131,24 @@ def lora_apply_gemm(
     accumulator (:mod:`sglang_vlora.atmm.gemm_lora`). Eager batches only (the token maps are
     built from the items' host lists, once per batch); raises ``ValueError`` where
     :func:`gemm_lora.unsupported` names a reason."""
+    # One plan key per module call, as lora_apply's: the layers of one module shape share it,
+    # and every operand property unsupported() reads is in it, so the plan is checked once.
+    key = ("gemm", x.device, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
+           b_buffer.stride(), b_buffer.dtype, weight.shape, weight.stride(), bias is None, tuple(slice_offsets))
+    return _plan(items, key, lambda: _gemm_plan(x, weight, a_buffer, b_buffer, items, slice_offsets))(
+        x, weight, bias, a_buffer, b_buffer)
+
+
+def _gemm_plan(x, weight, a_buffer, b_buffer, items: WorkItems, slice_offsets: list[int]) -> Callable:
+    """``plan(x, weight, bias, a_buffer, b_buffer) -> output`` of :func:`lora_apply_gemm` for this
+    shape and batch: the token maps (once per batch), the shrink's rows at the tokens' positions
+    (its launch prepared), then the GEMM. Raises where the op cannot run these operands."""
     reason = gemm_lora.unsupported(x, weight, b_buffer, slice_offsets, items)
     if reason is not None:
         raise ValueError(f"lora_apply_gemm: {reason}")
     _check_shrink_shapes(x, a_buffer)
     if items.num_items == 0:
-        return torch.nn.functional.linear(x, weight, bias)
-    # One plan key per module call, as lora_apply's: the layers of one module shape share it.
-    key = ("gemm", x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
-           weight.shape, bias is None, tuple(slice_offsets))
-    return _plan(items, key, lambda: _gemm_plan(x, a_buffer, items, slice_offsets))(x, weight, bias, a_buffer,
-                                                                                   b_buffer)
-
-
-def _gemm_plan(x, a_buffer, items: WorkItems, slice_offsets: list[int]) -> Callable:
-    """``plan(x, weight, bias, a_buffer, b_buffer) -> output`` of :func:`lora_apply_gemm` for this
-    shape and batch: the token maps (once per batch), the shrink's rows at the tokens' positions
-    (its launch prepared), then the GEMM."""
+        return lambda x, weight, bias, a, b: torch.nn.functional.linear(x, weight, bias)
     m = x.shape[0]
     maps = _plan(items, ("gemm_maps", m), lambda: gemm_lora.token_maps(items, m, x.device))
     shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, "triton", at_positions=True)

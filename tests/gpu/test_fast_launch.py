@@ -50,3 +50,37 @@ def test_compiled_handle_gives_triton_launch_results() -> None:
     other = _apply(x2, a2, b2, items, offsets, "triton")
     assert (other.float() - ref2).abs().max().item() <= 2e-2 * ref2.abs().max().item()
     assert torch.equal(_apply(x, a, b, items, offsets, "triton"), first)
+
+
+def test_descriptor_kernel_launches_through_its_compiled_handle() -> None:
+    """The LoRA-in-GEMM kernel takes tensor descriptors: its kept handle encodes each launch's
+    own (new activations, weights and outputs are read and written where they are)."""
+    from sglang_vlora.atmm import gemm_lora, ops
+    from sglang_vlora.atmm.work_items import build_work_items
+
+    torch.manual_seed(0)
+    k, rank, n = 512, 32, 512
+    items = build_work_items([0, 700], [700, 324], [1, 2], [1.0, -0.5], [0, rank, rank], device="cuda")
+
+    def operands():
+        return (torch.randn(1024, k, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16,
+                torch.randn(3, rank, k, device="cuda", dtype=torch.bfloat16) / 16,
+                torch.randn(3, n, rank, device="cuda", dtype=torch.bfloat16) / 8)
+
+    def reference(x, w, a, b):
+        out = (x.float() @ w.float().T)
+        out[:700] += 1.0 * (x[:700].float() @ a[1].float().T) @ b[1].float().T
+        out[700:] += -0.5 * (x[700:].float() @ a[2].float().T) @ b[2].float().T
+        return out
+
+    first = operands()
+    got = ops.lora_apply_gemm(*first[:2], None, *first[2:], items, [0, n])
+    held = gemm_lora._LAUNCHER.compiled_count()
+    assert held >= 1
+    for x, w, a, b in (operands(), first):
+        again = ops.lora_apply_gemm(x, w, None, a, b, items, [0, n])
+        ref = reference(x, w, a, b)
+        assert (again.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    assert gemm_lora._LAUNCHER.compiled_count() == held
+    assert torch.equal(again, got)

@@ -49,6 +49,18 @@ def test_key_is_at_least_tritons_specialisation() -> None:
         _arg_key("text")
 
 
+def test_descriptors_are_keyed_by_dtype_and_block_shape() -> None:
+    """Triton specialises a tensor descriptor on its dtype and block shape only (the launch
+    encodes the rest): so does the key, whatever the tensor's shape or address."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    key = _arg_key(TensorDescriptor.from_tensor(t, [16, 32]))
+    assert key == _arg_key(TensorDescriptor.from_tensor(torch.zeros(128, 32, dtype=torch.bfloat16), [16, 32]))
+    assert key != _arg_key(TensorDescriptor.from_tensor(t, [32, 32]))
+    assert key != _arg_key(TensorDescriptor.from_tensor(t.half(), [16, 32]))
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter")
 def test_launch_runs_the_kernel() -> None:
     """Under the interpreter every launch takes Triton's path and nothing is kept; the
