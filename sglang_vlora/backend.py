@@ -177,7 +177,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.gemm_items: WorkItems | None = None
         # (On a GPU; on a CPU only under Triton's interpreter, where the op runs there for tests.)
         on_device = torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-        self.lora_gemm = cfg is not None and cfg.lora_gemm == "auto" and on_device
+        self.lora_gemm = cfg is not None and cfg.lora_gemm == "on" and on_device
         self.lora_gemm_min_tokens = cfg.lora_gemm_min_tokens if cfg is not None else 0
         # Per module shape, why the op cannot run it (None: it can); decided once, logged once.
         self._lora_gemm_reasons: dict[tuple, str | None] = {}

@@ -20,7 +20,7 @@ ATMM_IMPLS = ("auto", "torch")
 # "manual": no orchestrator; modes change only through POST /vlora/mode.
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
 SHRINK_IN_GEMM = ("auto", "on", "off")
-LORA_GEMM = ("auto", "off")
+LORA_GEMM = ("off", "on")
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,11 @@ class VLoRAConfig:
     # (sglang_vlora.in_gemm_weights): "auto" where eligible on a GPU and the appended rows are at
     # most half the module's own; "on" wherever eligible (any device, any row count); "off" never.
     shrink_in_gemm: str = "auto"
-    # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "auto" for unmerged
+    # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "on" for unmerged
     # eager batches of at least lora_gemm_min_tokens tokens, on layers with the appended-rows
-    # stack (shrink_in_gemm), where the op supports the operands; "off" never.
-    lora_gemm: str = "auto"
+    # stack (shrink_in_gemm), where the op supports the operands; "off" (default) never: on
+    # Qwen2-VL-7B's q/k/v and o shapes it saved no GPU time and cost host time (docs/atmm.md).
+    lora_gemm: str = "off"
     lora_gemm_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
@@ -225,10 +226,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=LORA_GEMM,
         default=defaults.lora_gemm,
         help="Eager batches (prefills past the prefill CUDA graphs) compute each layer's base GEMM "
-        "and LoRA in one GEMM of the plugin's own, the LoRA delta added in its accumulator: auto "
-        "(default) for unmerged batches of at least --vlora-lora-gemm-min-tokens tokens on the layers "
-        "with the appended rows of --vlora-shrink-in-gemm, on a GPU, pool max rank a multiple of 8 up "
-        "to 64; off: SGLang's base GEMM, then the plugin's shrink and expand.",
+        "and LoRA in one GEMM of the plugin's own, the LoRA delta added in its accumulator: on for "
+        "unmerged batches of at least --vlora-lora-gemm-min-tokens tokens on the layers with the "
+        "appended rows of --vlora-shrink-in-gemm, on a GPU, pool max rank a multiple of 8 up to 64; "
+        "off (default): SGLang's base GEMM, then the plugin's shrink and expand.",
     )
     group.add_argument(
         "--vlora-lora-gemm-min-tokens",

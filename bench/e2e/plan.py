@@ -53,9 +53,10 @@ SYSTEMS = {s.name: s for s in (
     System("triton", "SGLang `--lora-backend triton` (S-LoRA-like)", lora_backend="triton"),
     System("unmerge_only", "`--plugin vlora --vlora-policy unmerge-only` (ATMM alone)", plugin=True,
            policy="unmerge-only"),
-    System("unmerge_only_gemm_off", "`--plugin vlora --vlora-policy unmerge-only --vlora-lora-gemm off` (ATMM "
-           "alone, large eager prefills through SGLang's base GEMM then ATMM's shrink and expand instead of the "
-           "LoRA inside ATMM's GEMM)", plugin=True, policy="unmerge-only", extra_flags=("--vlora-lora-gemm", "off")),
+    System("unmerge_only_lora_gemm", "`--plugin vlora --vlora-policy unmerge-only --vlora-lora-gemm on` (ATMM "
+           "alone, eager prefills of 1024 tokens or more with the LoRA inside ATMM's GEMM instead of SGLang's "
+           "base GEMM then ATMM's shrink and expand)", plugin=True, policy="unmerge-only",
+           extra_flags=("--vlora-lora-gemm", "on")),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
     System("vlora_paper", "`--plugin vlora --vlora-admission algorithm1 --vlora-keep-merged majority` "

@@ -31,10 +31,10 @@ def test_every_call_names_known_systems_and_points():
     covered = {s for name in plan.FULL for s in plan.CALLS[name].systems}
     # the full benchmark runs every system but three variants, run by name (--systems): two of the
     # admission rules, vlora_plurality (our defaults spelled out) and vlora_admit_all, and ATMM alone
-    # without the LoRA in its GEMM
-    assert covered == set(plan.SYSTEMS) - {"vlora_plurality", "vlora_admit_all", "unmerge_only_gemm_off"}
-    assert plan.SYSTEMS["unmerge_only_gemm_off"].flags() == [
-        "--plugin", "vlora", "--vlora-policy", "unmerge-only", "--vlora-lora-gemm", "off"]
+    # with the LoRA in its GEMM
+    assert covered == set(plan.SYSTEMS) - {"vlora_plurality", "vlora_admit_all", "unmerge_only_lora_gemm"}
+    assert plan.SYSTEMS["unmerge_only_lora_gemm"].flags() == [
+        "--plugin", "vlora", "--vlora-policy", "unmerge-only", "--vlora-lora-gemm", "on"]
     assert plan.SYSTEMS["vlora"].flags() == ["--plugin", "vlora"]  # ours: the defaults, nothing tuned
     assert not plan.SYSTEMS["nolora"].lora and plan.SYSTEMS["nolora"].flags() == []
     assert plan.SYSTEMS["vlora_plurality"].flags() == [

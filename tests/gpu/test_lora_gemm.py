@@ -52,7 +52,7 @@ def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
     pool_a = stack[QKV[-1] :].view(a.shape)
     pool_b = b.to("cuda", torch.bfloat16)
 
-    rt = VLoRARuntime(VLoRAConfig())
+    rt = VLoRARuntime(VLoRAConfig(lora_gemm="on"))
     backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
     backend.shrink_in_gemm = True
     batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(REQUESTS),

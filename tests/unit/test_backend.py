@@ -467,7 +467,7 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
 
 
 def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
-    """With ``--vlora-lora-gemm auto`` an unmerged eager batch of at least the minimum tokens runs
+    """With ``--vlora-lora-gemm on`` an unmerged eager batch of at least the minimum tokens runs
     each layer with the appended-rows stack through ops.lora_apply_gemm (Triton's interpreter
     here): base + bias + LoRA in one call, SGLang's base GEMM not run; requests of one adapter
     apart from each other (the usual items would permute them), the no-adapter slot, mixed
@@ -477,7 +477,7 @@ def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
     slices = [256, 256, 256]  # inner offsets: multiples of the GEMM's tile columns
     a, b, w, bias, layer = stacked_layer(slices, seed=21)
     g = torch.Generator().manual_seed(22)
-    rt = VLoRARuntime(VLoRAConfig(lora_gemm_min_tokens=16))
+    rt = VLoRARuntime(VLoRAConfig(lora_gemm="on", lora_gemm_min_tokens=16))
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), runtime=rt)
     backend.shrink_in_gemm = True
     offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
