@@ -477,6 +477,28 @@ def gemm_epilogue(first: dict, second: dict) -> str:
     return "\n".join(lines)
 
 
+@block("gemm-lora-shapes", "gemm_lora_shapes_h200.json", "host_cost_lora_gemm_h200.json")
+def gemm_lora_shapes(shapes: dict, host: dict) -> str:
+    """docs/atmm.md: the LoRA in ATMM's GEMM against the usual eager path on Qwen2-VL-7B's module
+    shapes (bench/gemm_lora_shapes.py), and the backend's eager call both ways (layer_cost.py)."""
+    configs = [k for k in shapes["rows"][0] if k.startswith("gemm[")]
+    lines = table_head("module", "tokens", "off: GPU µs (spread)", *(f"{c}: GPU / off" for c in configs),
+                       f"host µs a call: off / {configs[0]}")
+    for r in shapes["rows"]:
+        off = r["off"]
+        ratios = [f"{r[c]['gpu_us'] / off['gpu_us']:.2f}" if c in r else "-" for c in configs]
+        lines.append(f"| {r['module']} | {r['tokens']} | {off['gpu_us']:.1f} ({off['spread']:.2f}) | "
+                     f"{' | '.join(ratios)} | {off['host_us']:.0f} / {r[configs[0]]['host_us']:.0f} |")
+    lines += ["", "The backend's eager `forward_with_base` of one module, `--vlora-lora-gemm` on (it was "
+              "named `auto` when measured) and off:", ""]
+    lines += table_head("module", "tokens", "on: host µs", "on: GPU µs", "off: host µs", "off: GPU µs")
+    for r in host["eager_module_paths"]:
+        on, off = r["auto"], r["off"]
+        lines.append(f"| {r['module']} | {r['tokens']} | {on['host_us']:.1f} | {on['gpu_us']:.1f} | "
+                     f"{off['host_us']:.1f} | {off['gpu_us']:.1f} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- mode switches (bench/switch.py)
 
 SWITCH_LAYOUTS = {"qkvo": "q,k,v,o 4096x4096", "all": "all 7 projections (+MLP 11008)"}
