@@ -207,7 +207,8 @@ def status_delta(before: Any, after: Any) -> Any:
 
 def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
     """Decisions and their reasons, iterations per mode, switches, admission waits per adapter,
-    batches that ran without LoRA work and kernel launches that compiled during a measurement,
+    batches that ran without LoRA work, kernel launches that compiled and the CUDA caching
+    allocator's retries, device allocations and frees during a measurement,
     from whatever of those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
     if not after:
         return None
@@ -230,4 +231,6 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
         summary["batches_without_lora_work"] = delta["batches_without_lora_work"]
     if isinstance(delta.get("kernel_compiles"), dict):
         summary["kernel_compiles"] = delta["kernel_compiles"]
+    if isinstance(delta.get("cuda_allocator"), dict):
+        summary["cuda_allocator"] = delta["cuda_allocator"]
     return summary

@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 
+import torch
+
 from sglang_vlora import in_gemm_weights
 from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
@@ -131,6 +133,21 @@ def bind_scheduler_after(rt: VLoRARuntime, result, self, *args, **kwargs):
     return result
 
 
+# torch's CUDA caching allocator, in the scheduler's process: an allocation that finds no cached
+# block frees the cache and retries, and freeing device memory synchronises the device, so a
+# forward that allocates then waits for the GPU. Counters since start-up (benchmarks diff them).
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams",
+                      "num_ooms")
+
+
+def allocator_counters() -> dict[str, int] | None:
+    """The caching allocator's counters on the current device (None without CUDA in use)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    stats = torch.cuda.memory_stats()
+    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
+
+
 def _answer(rt: VLoRARuntime, scheduler, method: str, params: dict) -> dict:
     """The body of a successful answer to one of our RPCs; ``ValueError`` refuses it."""
     ctl, orch = rt.controller, rt.orchestrator
@@ -139,7 +156,8 @@ def _answer(rt: VLoRARuntime, scheduler, method: str, params: dict) -> dict:
     if ctl.scheduler is None:
         ctl.scheduler = scheduler
     if method == RPC_STATUS:
-        return {**ctl.status(), "orchestrator": orch.status() if orch is not None else None}
+        return {**ctl.status(), "orchestrator": orch.status() if orch is not None else None,
+                "cuda_allocator": allocator_counters()}
     if orch is not None:
         raise ValueError(
             f"modes are chosen by --vlora-policy {orch.policy_name}; start the server with "

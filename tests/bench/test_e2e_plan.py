@@ -119,16 +119,19 @@ def test_status_delta_reads_fields_it_does_not_know():
     assert flat["iterations"] == {"unmerge": 2} and flat["switches"] == 0
 
 
-def test_summary_takes_admission_waits_batches_without_work_and_compiles_as_differences():
+def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocator_as_differences():
     waits = {"requests": 10, "total_s": 2.0, "max_s": 0.9, "over_s": {"0.25": 3, "1": 0}}
     before = {"orchestrator": {"admission_waits": {"a8": waits}}, "batches_without_lora_work": {"graph": 79},
-              "kernel_compiles": {"count": 40, "seconds": 30.0, "by_kernel": {"_shrink_kernel": 20}}}
+              "kernel_compiles": {"count": 40, "seconds": 30.0, "by_kernel": {"_shrink_kernel": 20}},
+              "cuda_allocator": {"num_alloc_retries": 3, "num_device_alloc": 100, "num_device_free": 10}}
     after = {"orchestrator": {"admission_waits": {
         "a8": {"requests": 25, "total_s": 2.5, "max_s": 0.9, "over_s": {"0.25": 3, "1": 0}},
         "b16": {"requests": 4, "total_s": 1.2, "max_s": 0.6, "over_s": {"0.25": 2, "1": 0}}}},
         "batches_without_lora_work": {"graph": 1575, "eager": 7},
-        "kernel_compiles": {"count": 42, "seconds": 31.5, "by_kernel": {"_shrink_kernel": 22}}}
+        "kernel_compiles": {"count": 42, "seconds": 31.5, "by_kernel": {"_shrink_kernel": 22}},
+        "cuda_allocator": {"num_alloc_retries": 3, "num_device_alloc": 160, "num_device_free": 70}}
     summary = servers.orchestrator_summary(before, after)
+    assert summary["cuda_allocator"] == {"num_alloc_retries": 0, "num_device_alloc": 60, "num_device_free": 60}
     assert summary["admission_waits"]["a8"] == {"requests": 15, "total_s": 0.5, "over_s": {"0.25": 0, "1": 0}}
     assert summary["admission_waits"]["b16"] == {"requests": 4, "total_s": 1.2, "over_s": {"0.25": 2, "1": 0}}
     assert summary["batches_without_lora_work"] == {"graph": 1496, "eager": 7}
