@@ -167,17 +167,17 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
 def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int = 100) -> list[dict]:
     """Per LoRA module of a Qwen2-VL-7B layer (qkv with bias, o without; one rank-64 adapter over
     the whole batch; the layer holding the appended-rows stack), host and GPU microseconds of one
-    eager ``forward_with_base`` call of the ``atmm`` backend two ways: ``--vlora-lora-gemm auto``
+    eager ``forward_with_base`` call of the ``atmm`` backend two ways: ``--vlora-lora-gemm on``
     (``ops.lora_apply_gemm``: the shrink, then ATMM's GEMM with the LoRA in its accumulator) and
     ``off`` (SGLang's base GEMM, here ``F.linear``, then ``ops.lora_apply``). Host: the GPU kept
     busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back."""
     import functools
-    import time
     from types import SimpleNamespace
 
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    from bench.gemm_lora_shapes import time_calls
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
     from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
@@ -205,7 +205,7 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int =
                                     extend_seq_lens=torch.tensor([tokens], dtype=torch.int32),
                                     extend_seq_lens_cpu=[tokens])
             row = {"module": name, "tokens": tokens}
-            for setting in ("auto", "off"):
+            for setting in ("on", "off"):
                 runtime = VLoRARuntime(VLoRAConfig(lora_gemm=setting, lora_gemm_min_tokens=1))
                 backend = ATMMLoRABackend(max_loras_per_batch=2, device=dev, runtime=runtime)
                 backend.shrink_in_gemm = True
@@ -216,22 +216,10 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int =
                 for _ in range(5):
                     call()
                 torch.cuda.synchronize()
-                if (setting == "auto") != (backend.batches_by_layout["eager_lora_gemm"] == 1):
+                if (setting == "on") != (backend.batches_by_layout["eager_lora_gemm"] == 1):
                     raise RuntimeError(f"{name} {tokens}: --vlora-lora-gemm {setting} ran the other path")
-                # GPU work queued ahead: the calls below neither wait for the GPU (host time) nor
-                # leave it idle between them (the events' span is their GPU time).
-                busy = torch.empty(8192, 8192, device=dev, dtype=dtype)
-                for _ in range(40 + calls // 4):
-                    busy @ busy
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                started = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                host = (time.perf_counter() - started) / calls * 1e6
-                end.record()
-                torch.cuda.synchronize()
-                row[setting] = {"host_us": round(host, 1), "gpu_us": round(start.elapsed_time(end) / calls * 1e3, 1)}
+                gpu, host = time_calls(call, calls)
+                row[setting] = {"host_us": round(host, 1), "gpu_us": round(gpu, 1)}
             result.append(row)
     return result
 
@@ -266,8 +254,8 @@ def write_host_cost(out: Path, tag: str) -> None:
     print(f"host per eager call (us): {host}")
     paths = eager_module_paths()
     for r in paths:
-        print(f"{r['module']:3} {r['tokens']:5d} tokens: lora-gemm auto host {r['auto']['host_us']:6.1f} us "
-              f"GPU {r['auto']['gpu_us']:7.1f} us | off host {r['off']['host_us']:6.1f} us GPU {r['off']['gpu_us']:7.1f} us")
+        print(f"{r['module']:3} {r['tokens']:5d} tokens: lora-gemm on host {r['on']['host_us']:6.1f} us "
+              f"GPU {r['on']['gpu_us']:7.1f} us | off host {r['off']['host_us']:6.1f} us GPU {r['off']['gpu_us']:7.1f} us")
     env = provenance.environment(provenance.gpu_info())
     doc = {
         "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits: "
@@ -275,7 +263,7 @@ def write_host_cost(out: Path, tag: str) -> None:
                 "Qwen2-VL-7B (rank 64); the two Triton launches that call makes, through Triton's own launcher, "
                 "as prepared launches, and through the same compiled handles given every argument as a tensor; "
                 "one allocation of the call's intermediate; eager_module_paths: host and GPU microseconds of "
-                "one eager forward_with_base of a qkv and an o module with --vlora-lora-gemm auto and off",
+                "one eager forward_with_base of a qkv and an o module with --vlora-lora-gemm on and off",
         "device": torch.cuda.get_device_name(0),
         "command": " ".join(["python", "bench/layer_cost.py", *sys.argv[1:]]),
         "host_us": host,

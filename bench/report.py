@@ -489,11 +489,10 @@ def gemm_lora_shapes(shapes: dict, host: dict) -> str:
         ratios = [f"{r[c]['gpu_us'] / off['gpu_us']:.2f}" if c in r else "-" for c in configs]
         lines.append(f"| {r['module']} | {r['tokens']} | {off['gpu_us']:.1f} ({off['spread']:.2f}) | "
                      f"{' | '.join(ratios)} | {off['host_us']:.0f} / {r[configs[0]]['host_us']:.0f} |")
-    lines += ["", "The backend's eager `forward_with_base` of one module, `--vlora-lora-gemm` on (it was "
-              "named `auto` when measured) and off:", ""]
+    lines += ["", "The backend's eager `forward_with_base` of one module, `--vlora-lora-gemm` on and off:", ""]
     lines += table_head("module", "tokens", "on: host µs", "on: GPU µs", "off: host µs", "off: GPU µs")
     for r in host["eager_module_paths"]:
-        on, off = r["auto"], r["off"]
+        on, off = r.get("on", r.get("auto")), r["off"]  # "auto": the setting's name before 65427d6
         lines.append(f"| {r['module']} | {r['tokens']} | {on['host_us']:.1f} | {on['gpu_us']:.1f} | "
                      f"{off['host_us']:.1f} | {off['gpu_us']:.1f} |")
     return "\n".join(lines)
