@@ -11,8 +11,9 @@ The cache key is at least as fine as Triton's specialisation: per tensor its dty
 whether its address is 16-byte aligned; per tensor descriptor (TMA) its dtype and block
 shape; per integer whether it is 1, whether it is a multiple of 16 and which integer type
 holds it; the constexpr values, warps and stages, and the device. A descriptor still goes
-to the compiled kernel as the object, which encodes it at each launch as Triton's does. Two launches with the same key would get the same compiled kernel from
-Triton, so skipping its binder changes nothing but host time. Under ``TRITON_INTERPRET=1``
+to the compiled kernel as the object, which encodes it at each launch as Triton's does.
+Two launches with the same key would get the same compiled kernel from Triton, so skipping
+its binder changes nothing but host time. Under ``TRITON_INTERPRET=1``
 Triton's launch returns no compiled kernel and every launch takes Triton's path.
 """
 
