@@ -425,11 +425,13 @@ def put_headline(text: str, block_text: str) -> str:
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
     """One results file for the docs: every run, the files they came from, and their
     ``provenance`` (:func:`bench.provenance.combined`). Left out, because the source files
-    keep them and the docs' figures use neither: the raw ``/vlora/status`` snapshots and the
-    request-by-request lists (``per_request``, the paired comparison's input), which would
-    make this file most of the repository's size."""
-    dropped = ("vlora_status", "per_request")
-    slim = [{**{k: v for k, v in r.items() if k != "_file"},
+    keep them and the docs' figures use none of them: the raw ``/vlora/status`` snapshots, the
+    request-by-request lists (``per_request``, the paired comparison's input), SGLang's client's
+    own result and command line per measurement, and the GPU machine's stand-in kernel calls
+    (``shim_calls``). Kept, this file would be most of the repository's size, and the tree must
+    travel to the GPU machine in 64 MiB with SGLang's carry."""
+    dropped = ("vlora_status", "per_request", "sglang_result", "client_command")
+    slim = [{**{k: v for k, v in r.items() if k not in ("_file", "shim_calls")},
              "measurements": [{k: v for k, v in m.items() if k not in dropped} for m in r["measurements"]]}
             for r in runs]
     return {

@@ -196,6 +196,12 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
     combined = report.merged(runs, ["bench/results/e2e/one.json"])
     assert combined["provenance"]["git"] == {"commit": "a" * 40, "clean": False, "from": None}
     assert combined["runs"][0]["measurements"] == runs[0]["measurements"] and "_file" not in combined["runs"][0]
+    # what the figures do not read stays in the source files only
+    runs[0]["shim_calls"] = {"rmsnorm": 3}
+    runs[0]["measurements"][0] |= {"per_request": [1.0], "sglang_result": {"x": 1}, "client_command": "c",
+                                   "vlora_status": {}}
+    slim = report.merged(runs, ["bench/results/e2e/one.json"])["runs"][0]
+    assert "shim_calls" not in slim and set(slim["measurements"][0]) == set(runs[0]["measurements"][1])
     text = "intro\n<!-- e2e-headline:begin -->\nno results yet\n<!-- e2e-headline:end -->\nafter\n"
     first = report.put_headline(text, figures_e2e.block_text(combined))
     assert first.startswith("intro\n<!-- figures:e2e-headline -->\n") and first.endswith("-->\nafter\n")
