@@ -37,6 +37,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import provenance  # noqa: E402
 
+from bench.mode_cost import parse_positive  # noqa: E402
+
 RANK = 64
 SCALE = 2.0
 # Qwen2-VL-7B: (input width, output slices, bias)
@@ -188,9 +190,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", nargs="+", default=list(MODULES), choices=list(MODULES))
-    ap.add_argument("--tokens", nargs="+", type=int, default=[1024, 2048, 4096, 8192])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--tokens", nargs="+", type=parse_positive, default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--rounds", type=parse_positive, default=3)
+    ap.add_argument("--calls", type=parse_positive, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--tag", default="gemm_lora_shapes_h200")
     args = ap.parse_args()

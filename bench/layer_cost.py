@@ -87,12 +87,12 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
     """Host microseconds per eager LoRA module call of the ``atmm`` backend (qkv of
     Qwen2-VL-7B, one rank-64 adapter, ``tokens`` tokens), the GPU kept busy so that no
     call waits for it; and, for comparison, of the two bare Triton launches it makes."""
-    import time
     from types import SimpleNamespace
 
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    from bench.gemm_lora_shapes import time_calls
     from sglang_vlora.atmm import ops, triton_kernels
     from sglang_vlora.backend import ATMMLoRABackend
 
@@ -112,15 +112,7 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
-        busy = torch.empty(8192, 8192, device=dev, dtype=torch.bfloat16)
-        for _ in range(40):  # tens of ms of GPU work queued ahead: no call below waits for the GPU
-            busy @ busy
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host = (time.perf_counter() - started) / calls * 1e6
-        torch.cuda.synchronize()
-        return host
+        return time_calls(fn, calls)[1]  # host us, GPU work queued ahead: no call waits for it
 
     prepare_us = per_call(lambda: backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False))
     backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
