@@ -17,8 +17,9 @@ batch:
 
 The trace of each window is summarised (:func:`summarise`): GPU time per kernel category
 (base GEMMs, LoRA kernels, attention, copies, other), the GPU's idle time inside the
-window, the host calls that wait for the GPU (synchronisations, blocking copies), and per
-decode step the replay span and the gap to the next step. Writes ``DIR/profile.json`` and
+window, the host calls that wait for the GPU (synchronisations, blocking copies), per
+decode step the replay span and the gap to the next step, and per prefill forward the host
+time of each decoder layer's base linears (``linear_host_us``). Writes ``DIR/profile.json`` and
 prints a table; the raw traces stay in ``DIR/traces``.
 
 The profiler's own host overhead distorts host-bound forwards (a prefill of this
@@ -57,6 +58,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,6 +103,8 @@ CATEGORIES = (
     ("attention", re.compile(r"attn|attention|flash|_fwd_kernel|_fwd_grouped|decode_|extend", re.I)),
     ("copy", re.compile(r"memcpy|memset|copy", re.I)),
 )
+# A Qwen2 decoder layer's base linears, in the order its forward calls them.
+LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 SYNC_CALLS = re.compile(r"cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy(?!Async)")
 
 
@@ -383,6 +387,7 @@ def summarise(events: list[dict], decode: bool) -> dict:
     n = len(steps)
     return {
         "window_us": window[1] - window[0],
+        "linear_host_us": None if decode else linear_host_us(events, window),
         "top_host_us_per_step": dict(sorted(((k, v / n) for k, v in cpu.items()), key=lambda kv: -kv[1])[:20]),
         "steps": n,
         "graph_replays_matched": graph_matched,
@@ -397,6 +402,25 @@ def summarise(events: list[dict], decode: bool) -> dict:
         "vlora_host_us_per_step": {k: v / n for k, v in vlora.items()},
         "top_kernels_us_per_step": dict(sorted(((k, v / n) for k, v in names.items()), key=lambda kv: -kv[1])[:12]),
     }
+
+
+def linear_host_us(events: list[dict], window: tuple[float, float]) -> dict[str, dict[str, float]] | None:
+    """Host microseconds of the base linears (``aten::linear``, outermost calls) started inside
+    ``window``, per module of a decoder layer (:data:`LAYER_LINEARS`, by position): median and
+    mean over the layers. None when the calls do not come in whole layers (not a Qwen2 forward)."""
+    calls = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                    and e.get("name") == "aten::linear" and window[0] <= e["ts"] <= window[1]),
+                   key=lambda e: e["ts"])
+    outer, end = [], float("-inf")
+    for e in calls:
+        if e["ts"] >= end:
+            outer.append(e["dur"])
+            end = e["ts"] + e["dur"]
+    per_layer = len(LAYER_LINEARS)
+    if not outer or len(outer) % per_layer:
+        return None
+    return {name: {"median": statistics.median(outer[i::per_layer]), "mean": statistics.fmean(outer[i::per_layer])}
+            for i, name in enumerate(LAYER_LINEARS)}
 
 
 _FIT_FIELDS = ("fixed_s", "prefill_forward_s", "prefill_token_s", "decode_request_s")  # as /vlora/status names them
@@ -439,7 +463,8 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=_count, default=2,
-                    help="profiled windows per scenario (the last is kept); 0: no profile")
+                    help="profiled windows per scenario (the last is summarised in full, every one's host "
+                         "figures in repeat_windows); 0: no profile")
     ap.add_argument("--interleaved", type=_count, default=0,
                     help="also time this many rounds of one unprofiled batch per system and scenario, "
                          "the systems taking turns")
@@ -492,9 +517,13 @@ def main() -> None:
             results["systems"][name] = {}
             for scenario in args.scenarios if args.repeats > 0 else ():
                 latency = latency_ms(url, scenario, lora_names, rng, args.latency) if args.latency else None
-                for _ in range(args.repeats):
-                    trace, seconds = profile_scenario(url, scenario, lora_names, trace_dir, rng)
-                summary = summarise(load_events(trace), decode=scenario.startswith("decode"))
+                windows = [profile_scenario(url, scenario, lora_names, trace_dir, rng) for _ in range(args.repeats)]
+                trace, seconds = windows[-1]
+                summaries = [summarise(load_events(path), decode=scenario.startswith("decode")) for path, _ in windows]
+                summary = summaries[-1]
+                # Every window's host figures: the host's speed changes from one window to the next.
+                summary["repeat_windows"] = [{key: s.get(key) for key in ("window_us", "linear_host_us")}
+                                             for s in summaries]
                 summary["request_s"] = seconds
                 if latency:
                     summary["latency_ms"] = latency

@@ -190,3 +190,31 @@ def test_host_samplers_attach_to_the_scheduler_and_write_on_sigint(tmp_path) -> 
     finally:
         parent.kill()
         subprocess.run(["pkill", "-f", "sglang::scheduler_TP0"], check=False)
+
+
+def _linear(ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": ts, "dur": dur}
+
+
+def test_linear_host_times_are_taken_per_layer_module_by_position() -> None:
+    from bench.profile_server import linear_host_us
+
+    events = []
+    for layer in range(3):  # qkv 10/20/30 us, o 40, gate_up 50, down 60 (+layer)
+        base = 1000.0 * layer
+        for i, dur in enumerate((10.0 * (layer + 1), 40.0, 50.0, 60.0 + layer)):
+            events.append(_linear(base + 100 * i, dur))
+    events.append(_linear(5.0, 2.0))  # nested inside the first qkv call: not a call of its own
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 50.0, "dur": 5.0})
+    events.append(_linear(9000.0, 99.0))  # after the window
+    got = linear_host_us(events, (0.0, 5000.0))
+    assert got["qkv"] == {"median": 20.0, "mean": 20.0}
+    assert got["o"]["median"] == 40.0 and got["gate_up"]["mean"] == 50.0
+    assert got["down"]["median"] == 61.0
+
+
+def test_linear_host_times_need_whole_layers() -> None:
+    from bench.profile_server import linear_host_us
+
+    assert linear_host_us([_linear(0.0, 1.0), _linear(10.0, 1.0)], (0.0, 100.0)) is None
+    assert linear_host_us([], (0.0, 100.0)) is None

@@ -1,0 +1,29 @@
+"""bench/base_linear_host.py refuses what it cannot run (its measurement needs a GPU: make bench)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/base_linear_host.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_no_rounds_is_refused() -> None:
+    proc = _run("--rounds", "0")
+    assert proc.returncode == 2 and "--rounds must be at least 1" in proc.stderr
+
+
+def test_without_a_gpu_it_says_so() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = _run("--rounds", "1")
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
