@@ -3,6 +3,7 @@ check (``bench/layer_cost.py``), for docs/perf.md and the README."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from bench.report import block
@@ -284,3 +285,49 @@ def server_lora_time(profile: dict[str, Any], host: dict[str, Any]) -> str:
         f"the unprepared launch path: {us['two_triton_launches_us']:.0f} us), and preparing a batch "
         f"{us['prepare_lora_batch_us']:.0f} us."
     )
+
+
+def _spread(values: list[float], digits: int) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+@block("perf-host-speed", "host_speed_h200.json", "base_linear_host_h200.json", "profile_host_speed_h200.json")
+def perf_host_speed(speed: dict[str, Any], emulation: dict[str, Any], profile: dict[str, Any]) -> str:
+    """Whether a module's LoRA work makes its base GEMM's host call slower, three ways: the
+    host's own speed (``bench/host_speed.py``), 28 emulated layers without a server
+    (``bench/base_linear_host.py``) and the servers' profiled prefill windows
+    (``profile_server.py``'s ``linear_host_us`` of every window)."""
+    drift = speed["drift"]
+    lines = [f"Host: a fixed pure-Python loop on CPU {drift['cpu']}, alone for {len(drift['series_ms'])} samples: "
+             f"median {drift['median_ms']:.1f} ms, 90th percentile {drift['p90_ms']:.1f}, maximum "
+             f"{drift['max_ms']:.1f}; {100 * drift['slow_fraction']:.0f}% of the samples at least "
+             f"{speed['slow_factor']}x the median."]
+    for cpu, row in speed["pairs"].items():
+        slowed = row["slowed_by"]
+        named = ", ".join(f"{other} ({factor:.2f}x)" for other, factor in slowed.items()) or "none"
+        lines.append(f"CPU {cpu} alone {row['ms']['alone']:.1f} ms; a busy loop on another CPU slowed it by "
+                     f"at least {speed['slow_factor']}x on: {named}.")
+    ways = emulation["ways"]
+    lines += ["", "| emulated layers (no server) | q/k/v us | o us | gate/up us | down us | forward host ms |",
+              "|---|---|---|---|---|---|"]
+    for way, label in (("base", "no LoRA"), ("atmm", "ATMM's module call after q/k/v and o"),
+                       ("torch_lora", "the same LoRA as two torch matmuls")):
+        row = ways[way]
+        calls = " | ".join(f"{row['linear_host_us'][m]:.1f}" for m in ("qkv", "o", "gate_up", "down"))
+        lines.append(f"| {label} | {calls} | {row['forward_host_ms']:.2f} |")
+    lines += ["", "| server, scenario | windows | forward window ms, median (min-max) | base linear host us, "
+                  "q/k/v + o | gate/up + down | ratio, median (min-max) |", "|---|---|---|---|---|---|"]
+    for system, label in (("nolora", "no LoRA"), ("atmm", "atmm"), ("csgmv", "csgmv")):
+        for scenario, summary in profile["systems"][system].items():
+            windows = summary["repeat_windows"]
+            wrapped = [w["linear_host_us"]["qkv"]["median"] + w["linear_host_us"]["o"]["median"] for w in windows]
+            plain = [w["linear_host_us"]["gate_up"]["median"] + w["linear_host_us"]["down"]["median"]
+                     for w in windows]
+            lines.append(f"| {label}, {scenario} | {len(windows)} | "
+                         f"{_spread([w['window_us'] / 1e3 for w in windows], 1)} | {statistics.median(wrapped):.1f} | "
+                         f"{statistics.median(plain):.1f} | {_spread([a / b for a, b in zip(wrapped, plain, strict=True)], 2)} |")
+    return "\n".join(lines) + ("\n\nEmulated layers: median host time of each `F.linear` call over "
+                               f"{emulation['rounds']} rounds, the three ways taking turns. Servers: medians over "
+                               "the 28 layers of each profiled window (SGLang's torch profiler, whose per-op "
+                               "overhead inflates every call alike); the ratio compares, window by window, the "
+                               "base calls of the modules that carry LoRA (q/k/v, o) with those that do not.")
