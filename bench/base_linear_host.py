@@ -20,7 +20,6 @@ host (``bench/host_speed.py``) hits every way alike. Prints a table, writes JSON
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -159,14 +158,9 @@ def main() -> None:
         doc = {"what": "median host microseconds of each F.linear call of 28 eager Qwen2-VL-7B-shaped layers "
                        f"({TOKENS} tokens), without LoRA, with the atmm backend's eager module call after the "
                        "q/k/v and o GEMMs, and with the same LoRA as two torch matmuls; the ways take turns",
-               "device": torch.cuda.get_device_name(0), "rounds": args.rounds,
-               "command": " ".join(["python", "bench/base_linear_host.py", *sys.argv[1:]]),
-               "ways": result, "provenance": provenance.record(provenance.environment(provenance.gpu_info()))}
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{args.tag}.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+               "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "ways": result}
+        path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,6 @@ Prints a summary and writes JSON with the run's provenance (no GPU needed).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -126,14 +125,9 @@ def main() -> None:
 
         doc = {"what": f"a {LOOP}-iteration pure-Python loop pinned to one CPU: alone, with a busy loop on each "
                        f"other CPU, and alone back to back for {args.seconds:g} s",
-               "command": " ".join(["python", "bench/host_speed.py", *sys.argv[1:]]),
-               "cpu_count": os.cpu_count(), "slow_factor": SLOW, **result,
-               "provenance": provenance.record(provenance.environment(provenance.gpu_info()))}
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{args.tag}.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+               "cpu_count": os.cpu_count(), "slow_factor": SLOW, **result}
+        path = provenance.write_results(args.out, args.tag, doc, "bench/host_speed.py", sys.argv[1:])
         print(f"wrote {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -245,3 +245,13 @@ def combined(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     clean = all(r["git"]["clean"] for r in records)
     return {**newest, "git": {**newest["git"], "clean": clean},
             "revisions": sorted({r["git"]["commit"] or "unknown" for r in records})}
+
+
+def write_results(out: Path, tag: str, doc: dict[str, Any], script: str, argv: Sequence[str]) -> Path:
+    """Write ``doc`` as ``out/tag.json`` with the command that ran (``script`` and its
+    ``argv``) and this run's :func:`record`; the path written."""
+    full = {**doc, "command": " ".join(["python", script, *argv]), "provenance": record()}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{tag}.json"
+    path.write_text(json.dumps(full, indent=1) + "\n")
+    return path
