@@ -228,7 +228,9 @@ class MeasuredCosts:
     A mode's fit is redone when its samples have doubled since the last fit (1, 2, 4, ...
     samples: early estimates improve fast) and then every ``refit_every`` new ones: a fit
     over the window is about a millisecond of Python, too much for every iteration of the
-    scheduler's loop. Switch fits are redone after every switch.
+    scheduler's loop. It is also redone at once when a prefill of a new size comes to a fit
+    that had seen one size only, which could not fit a per-token cost yet. Switch fits are
+    redone after every switch.
     """
 
     def __init__(self, layers: int, window: int = 256, refit_every: int = 32) -> None:
@@ -239,6 +241,9 @@ class MeasuredCosts:
         self._switch = {kind: deque(maxlen=window) for kind in SWITCH_KINDS}  # (rank, layers, seconds)
         self._refit_every = refit_every
         self._unfitted = dict.fromkeys(Mode, 0)  # iterations recorded since the mode's last fit
+        # Per mode, the prefill sizes its last fit saw, while fewer than two (no per-token term yet).
+        self._one_size: dict[Mode, set[int]] = {}
+        self._new_size: set[Mode] = set()  # modes whose next snapshot refits for a second prefill size
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
         # per mode: (prefill_token, prefill_forward) if it ran a prefill, decode_step if it ran a decode step
@@ -254,12 +259,15 @@ class MeasuredCosts:
         mode = Mode(mode)
         self._iterations[mode].append((prefill_tokens, decode_requests, seconds))
         self._unfitted[mode] += 1
+        sizes = self._one_size.get(mode)
+        if prefill_tokens and sizes is not None and prefill_tokens not in sizes:
+            self._new_size.add(mode)
         if self._due(mode):
             self._snapshot = None
 
     def _due(self, mode: Mode) -> bool:
         fit = self.fits.get(mode)
-        return fit is None or self._unfitted[mode] >= min(self._refit_every, fit.samples)
+        return fit is None or mode in self._new_size or self._unfitted[mode] >= min(self._refit_every, fit.samples)
 
     def record_switch(self, kind: str, rank: int, seconds: float) -> None:
         """One weight switch of ``kind`` (merge, unmerge, fused; fused keyed by r_a + r_b)."""
@@ -303,6 +311,12 @@ class MeasuredCosts:
         fit = IterationFit.fit(points)
         self.fits[mode] = fit
         self._unfitted[mode] = 0
+        sizes = {tokens for tokens, _, _ in points if tokens}
+        if len(sizes) < 2:
+            self._one_size[mode] = sizes
+        else:
+            self._one_size.pop(mode, None)
+        self._new_size.discard(mode)
         ran_prefill = any(tokens for tokens, _, _ in points)
         prefill = (fit.prefill_token_s, fit.fixed_s + fit.prefill_forward_s) if ran_prefill else None
         decoding = [requests for tokens, requests, _ in points if requests and not tokens]

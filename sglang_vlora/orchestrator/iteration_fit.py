@@ -20,6 +20,15 @@ one 70-80 ms, a decode step 8 ms). With one fixed term shared by both, a workloa
 short prompts pushed the prefill forward's fixed cost into the per-token slope (1.4e-3 s
 per token, where the marginal cost is tens of microseconds).
 
+Why the per-token term needs two prompt sizes: with every prefill of one size (the
+server's own warm-up request alone, at start-up; a benchmark of fixed-length prompts) the
+slope and the prefill forward's fixed cost cannot be told apart. Putting the whole time
+on the tokens extrapolates it by the ratio of prompt sizes: the warm-up's 7-token
+prefill (156 ms, the server's first) made a 1024-token prefill 22.8 s on an H200
+(``bench/results/profile_cost_model_startup_h200.json``). Putting it on the fixed cost errs
+by the marginal part only (tens of microseconds a token), so until two sizes are seen the
+per-token term is left out.
+
 Pure Python (no numpy): four unknowns, so every subset of them is solved from the
 normal equations and the best non-negative solution is kept (the least squares solution
 with non-negative coefficients is the unconstrained one on some subset of the unknowns).
@@ -37,12 +46,14 @@ Sample = tuple[int, int, float]  # (prefill tokens, decode requests, seconds)
 # Unknowns, in this order: fixed, prefill_forward, per_token, per_request.
 _TERMS = 4
 _FIXED_TERMS = (0, 1)
+_PER_TOKEN = 2
 # Every non-empty subset of the unknowns, tried in this order; a later subset replaces an
 # earlier one only if it fits strictly better, so on an exact tie the earlier one wins:
-# larger subsets first, then those with fewer fixed terms (a marginal per-token /
-# per-request term wins over a fixed one, so a constant workload still gets a marginal
-# cost), then by index (the shared fixed term before the prefill forward's: when every
-# iteration runs a prefill the two cannot be told apart and the shared one takes it).
+# larger subsets first, then those with fewer fixed terms (a marginal per-request term wins
+# over a fixed one, so a constant decode batch still gets a marginal cost), then by index
+# (the shared fixed term before the prefill forward's: when every iteration runs a prefill
+# the two cannot be told apart and the shared one takes it). Subsets with the per-token
+# term are skipped while the samples hold fewer than two prompt sizes (module docstring).
 _SUBSETS = sorted(
     (s for size in range(_TERMS, 0, -1) for s in itertools.combinations(range(_TERMS), size)),
     key=lambda s: (-len(s), sum(i in _FIXED_TERMS for i in s), s),
@@ -117,7 +128,8 @@ def _nnls(samples: Sequence[Sample]) -> IterationFit:
         for j in range(i):
             gram[i][j] = gram[j][i]
     best: tuple[float, list[float]] | None = None
-    for subset in _SUBSETS:
+    slope_known = len({t for t, _, _ in samples if t}) >= 2
+    for subset in _SUBSETS if slope_known else [s for s in _SUBSETS if _PER_TOKEN not in s]:
         coef = _solve([[gram[i][j] for j in subset] for i in subset], [moment[i] for i in subset])
         if coef is None or min(coef) < 0:
             continue

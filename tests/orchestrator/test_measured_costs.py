@@ -161,13 +161,58 @@ def test_a_first_batch_that_paid_one_time_costs_is_dropped_among_its_kind():
     assert costs.fits[Mode.UNMERGE].samples == 63
 
 
-def test_a_constant_workload_still_gets_a_marginal_cost():
-    """Every prefill of one size: the fixed part cannot be told apart, so the whole time
-    goes to the tokens (erring towards a higher cost), never to a zero per-token cost."""
+def test_one_prompt_size_goes_to_the_prefill_forwards_fixed_cost():
+    """Every prefill of one size: the slope cannot be told apart from the fixed part, so the
+    whole time is the prefill forward's fixed cost (its error is the marginal part only),
+    and a constant decode batch still gets a marginal per-request cost."""
     costs = MeasuredCosts(LAYERS)
     for _ in range(5):
         costs.record_iteration(Mode.MERGE, 1000, 0, 0.024)
-    assert costs.snapshot().prefill_token_s[Mode.MERGE] == pytest.approx(2.4e-5)
+        costs.record_iteration(Mode.MERGE, 0, 8, 0.008)
+    cost = costs.snapshot()
+    assert cost.prefill_token_s[Mode.MERGE] == 0
+    assert cost.exec_s(req("r", "a", prompt=1000, out=1), Mode.MERGE) == pytest.approx(0.024 + 0.008)
+    assert costs.fits[Mode.MERGE].decode_request_s == pytest.approx(0.001)
+
+
+# SGLang's warm-up request on a fresh H200 server: one 7-token prefill of 156 ms (the
+# server's first) and seven decode steps; the profile read its fit after 1024-token prefills.
+WARM_UP = [(7, 0, 0.156)] + [(0, 1, 0.0082)] * 7
+
+
+def test_the_start_up_warm_up_alone_does_not_scale_its_prefill_by_prompt_size():
+    """With the warm-up's one prefill the fit used to charge 22 ms a token, a 1024-token
+    prefill 22.8 s (bench/results/profile_cost_model_startup_h200.json); now it is charged
+    the one prefill measured."""
+    costs = MeasuredCosts(LAYERS)
+    for sample in WARM_UP:
+        costs.record_iteration(Mode.UNMERGE, *sample)
+    cost = costs.snapshot()
+    assert costs.fits[Mode.UNMERGE].seconds(1024, 0) == pytest.approx(0.156, rel=1e-6)
+    assert cost.prefill_forward_s[Mode.UNMERGE] == pytest.approx(0.156, rel=1e-6)
+    assert cost.prefill_token_s[Mode.UNMERGE] == 0
+
+
+def test_a_second_prompt_size_refits_at_once():
+    """The eight warm-up samples were fitted; the next refit would be due at sixteen. A
+    prefill of a new size makes it due now, and the fit then sees both sizes."""
+    costs = MeasuredCosts(LAYERS)
+    for sample in WARM_UP:
+        costs.record_iteration(Mode.UNMERGE, *sample)
+    costs.snapshot()
+    costs.record_iteration(Mode.UNMERGE, 7, 0, 0.06)  # the same size: not due yet
+    costs.snapshot()
+    assert costs.fits[Mode.UNMERGE].samples == 8
+    costs.record_iteration(Mode.UNMERGE, 1024, 0, 0.08)
+    costs.snapshot()
+    fit = costs.fits[Mode.UNMERGE]
+    assert fit.samples == 10
+    assert 0.06 <= fit.seconds(1024, 0) <= 0.156  # between the prefills seen, not 22.8 s
+    for tokens in (128, 512, 2048, 256, 64, 1024):  # many sizes: the slope is fitted again
+        costs.record_iteration(Mode.UNMERGE, tokens, 0, 0.055 + 2e-5 * tokens)
+    for _ in range(16):
+        costs.record_iteration(Mode.UNMERGE, 512, 0, 0.055 + 2e-5 * 512)
+    assert costs.snapshot().prefill_token_s[Mode.UNMERGE] > 0
 
 
 def test_the_window_keeps_the_last_iterations():
