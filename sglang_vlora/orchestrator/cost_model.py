@@ -278,6 +278,11 @@ class MeasuredCosts:
         self._switch[kind].append((rank, self.layers, seconds))
         self._snapshot = None
 
+    def recent_iterations(self, last: int = 16) -> dict[Mode, list[tuple[int, int, float]]]:
+        """Per mode with samples, its last ``last`` timed iterations ``(prefill tokens, decode
+        requests, seconds)``, oldest first: what the fit is made of (``/vlora/status``)."""
+        return {mode: list(points)[-last:] for mode, points in self._iterations.items() if points}
+
     def measured_switches(self) -> int:
         return sum(len(points) for points in self._switch.values())
 

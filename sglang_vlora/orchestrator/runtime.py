@@ -435,6 +435,10 @@ def _cost_report(cost: CostModel, measured: MeasuredCosts | None) -> dict[str, A
             }
             for mode, fit in measured.fits.items()
         }
+        report["recent_iterations"] = {
+            mode.value: [[tokens, requests, round(seconds, 6)] for tokens, requests, seconds in points]
+            for mode, points in measured.recent_iterations().items()
+        }
     return report
 
 

@@ -314,3 +314,13 @@ def test_application_and_slo_are_read_from_custom_params(params, expected):
 def test_malformed_application_or_slo_is_refused(params):
     with pytest.raises(ValueError, match="custom_params.vlora_"):
         application_and_slo(params)
+
+
+def test_the_recent_iterations_are_the_last_of_each_mode_oldest_first():
+    costs = MeasuredCosts(LAYERS)
+    for i in range(20):
+        costs.record_iteration(Mode.UNMERGE, 0, i + 1, 0.01)
+    costs.record_iteration(Mode.MERGE, 64, 0, 0.05)
+    recent = costs.recent_iterations(last=4)
+    assert recent == {Mode.UNMERGE: [(0, 17, 0.01), (0, 18, 0.01), (0, 19, 0.01), (0, 20, 0.01)],
+                      Mode.MERGE: [(64, 0, 0.05)]}

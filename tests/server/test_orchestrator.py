@@ -146,6 +146,8 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert fit["samples"] > 0 and min(terms) >= 0
     assert costs["prefill_token_s"]["unmerge"] == fit["prefill_token_s"]
     assert costs["prefill_forward_s"]["unmerge"] == pytest.approx(fit["fixed_s"] + fit["prefill_forward_s"])
+    recent = costs["recent_iterations"]["unmerge"]  # what the fit is made of: (tokens, requests, seconds)
+    assert 0 < len(recent) <= 16 and all(t >= 0 and r >= 0 and t + r > 0 and s > 0 for t, r, s in recent)
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
