@@ -202,6 +202,10 @@ def load_cost_model(
     )
 
 
+MISS_FACTOR = 2.0  # a sample under 1/2 or over 2x its fit's prediction is a miss
+MISS_REFIT_SAMPLES = 4  # a miss makes the fit due once this many samples came since it
+
+
 class MeasuredCosts:
     """A cost model measured while serving, for a server started without a cost file.
 
@@ -228,9 +232,14 @@ class MeasuredCosts:
     A mode's fit is redone when its samples have doubled since the last fit (1, 2, 4, ...
     samples: early estimates improve fast) and then every ``refit_every`` new ones: a fit
     over the window is about a millisecond of Python, too much for every iteration of the
-    scheduler's loop. It is also redone at once when a prefill of a new size comes to a fit
-    that had seen one size only, which could not fit a per-token cost yet. Switch fits are
-    redone after every switch.
+    scheduler's loop. It is also redone sooner when it is known to be wrong: at once when a
+    prefill of a new size comes to a fit that had seen one size only (which could not fit a
+    per-token cost yet), and after ``MISS_REFIT_SAMPLES`` new samples when one of them took
+    less than half or more than twice what the fit predicts. A server's first iterations
+    compile kernels (seconds for SGLang's warm-up prefill on an H200,
+    ``bench/results/profile_cost_model_startup_samples_h200.json``); the first fits are made
+    of little else, and the doubling rule alone kept such a fit for many iterations. Switch
+    fits are redone after every switch.
     """
 
     def __init__(self, layers: int, window: int = 256, refit_every: int = 32) -> None:
@@ -243,7 +252,8 @@ class MeasuredCosts:
         self._unfitted = dict.fromkeys(Mode, 0)  # iterations recorded since the mode's last fit
         # Per mode, the prefill sizes its last fit saw, while fewer than two (no per-token term yet).
         self._one_size: dict[Mode, set[int]] = {}
-        self._new_size: set[Mode] = set()  # modes whose next snapshot refits for a second prefill size
+        self._refit_now: set[Mode] = set()  # modes whose next snapshot refits (a second prefill size)
+        self._misses = dict.fromkeys(Mode, 0)  # samples off the mode's fit by more than MISS_FACTOR
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
         # per mode: (prefill_token, prefill_forward) if it ran a prefill, decode_step if it ran a decode step
@@ -261,13 +271,22 @@ class MeasuredCosts:
         self._unfitted[mode] += 1
         sizes = self._one_size.get(mode)
         if prefill_tokens and sizes is not None and prefill_tokens not in sizes:
-            self._new_size.add(mode)
+            self._refit_now.add(mode)
+        fit = self.fits.get(mode)
+        if fit is not None:
+            predicted = fit.seconds(prefill_tokens, decode_requests)
+            if not predicted / MISS_FACTOR <= seconds <= predicted * MISS_FACTOR:
+                self._misses[mode] += 1
         if self._due(mode):
             self._snapshot = None
 
     def _due(self, mode: Mode) -> bool:
         fit = self.fits.get(mode)
-        return fit is None or mode in self._new_size or self._unfitted[mode] >= min(self._refit_every, fit.samples)
+        if fit is None or mode in self._refit_now:
+            return True
+        if self._misses[mode] and self._unfitted[mode] >= MISS_REFIT_SAMPLES:
+            return True
+        return self._unfitted[mode] >= min(self._refit_every, fit.samples)
 
     def record_switch(self, kind: str, rank: int, seconds: float) -> None:
         """One weight switch of ``kind`` (merge, unmerge, fused; fused keyed by r_a + r_b)."""
@@ -321,7 +340,8 @@ class MeasuredCosts:
             self._one_size[mode] = sizes
         else:
             self._one_size.pop(mode, None)
-        self._new_size.discard(mode)
+        self._refit_now.discard(mode)
+        self._misses[mode] = 0
         ran_prefill = any(tokens for tokens, _, _ in points)
         prefill = (fit.prefill_token_s, fit.fixed_s + fit.prefill_forward_s) if ran_prefill else None
         decoding = [requests for tokens, requests, _ in points if requests and not tokens]

@@ -23,11 +23,11 @@ per token, where the marginal cost is tens of microseconds).
 Why the per-token term needs two prompt sizes: with every prefill of one size (the
 server's own warm-up request alone, at start-up; a benchmark of fixed-length prompts) the
 slope and the prefill forward's fixed cost cannot be told apart. Putting the whole time
-on the tokens extrapolates it by the ratio of prompt sizes: the warm-up's 7-token
-prefill (156 ms, the server's first) made a 1024-token prefill 22.8 s on an H200
+on the tokens extrapolates it by the ratio of prompt sizes: SGLang's 54-token warm-up
+prefill (1.2 s, the server's first) made a 1024-token prefill 22.8 s on an H200
 (``bench/results/profile_cost_model_startup_h200.json``). Putting it on the fixed cost errs
-by the marginal part only (tens of microseconds a token), so until two sizes are seen the
-per-token term is left out.
+by the marginal part only (tens of microseconds a token) for a warm server, so until two
+sizes are seen the per-token term is left out.
 
 Pure Python (no numpy): four unknowns, so every subset of them is solved from the
 normal equations and the best non-negative solution is kept (the least squares solution

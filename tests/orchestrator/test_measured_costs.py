@@ -175,21 +175,22 @@ def test_one_prompt_size_goes_to_the_prefill_forwards_fixed_cost():
     assert costs.fits[Mode.MERGE].decode_request_s == pytest.approx(0.001)
 
 
-# SGLang's warm-up request on a fresh H200 server: one 7-token prefill of 156 ms (the
-# server's first) and seven decode steps; the profile read its fit after 1024-token prefills.
-WARM_UP = [(7, 0, 0.156)] + [(0, 1, 0.0082)] * 7
+# SGLang's warm-up request on a fresh H200 server (revision 420d304): one 54-token prefill
+# of 1.2 s (the server's first, compiling kernels) and seven decode steps; the profile read
+# the fit made of them after 1024-token prefills.
+WARM_UP = [(54, 0, 1.205)] + [(0, 1, 0.0082)] * 7
 
 
 def test_the_start_up_warm_up_alone_does_not_scale_its_prefill_by_prompt_size():
     """With the warm-up's one prefill the fit used to charge 22 ms a token, a 1024-token
     prefill 22.8 s (bench/results/profile_cost_model_startup_h200.json); now it is charged
-    the one prefill measured."""
+    the one prefill measured, cold as it was."""
     costs = MeasuredCosts(LAYERS)
     for sample in WARM_UP:
         costs.record_iteration(Mode.UNMERGE, *sample)
     cost = costs.snapshot()
-    assert costs.fits[Mode.UNMERGE].seconds(1024, 0) == pytest.approx(0.156, rel=1e-6)
-    assert cost.prefill_forward_s[Mode.UNMERGE] == pytest.approx(0.156, rel=1e-6)
+    assert costs.fits[Mode.UNMERGE].seconds(1024, 0) == pytest.approx(1.205, rel=1e-6)
+    assert cost.prefill_forward_s[Mode.UNMERGE] == pytest.approx(1.205, rel=1e-6)
     assert cost.prefill_token_s[Mode.UNMERGE] == 0
 
 
@@ -200,14 +201,14 @@ def test_a_second_prompt_size_refits_at_once():
     for sample in WARM_UP:
         costs.record_iteration(Mode.UNMERGE, *sample)
     costs.snapshot()
-    costs.record_iteration(Mode.UNMERGE, 7, 0, 0.06)  # the same size: not due yet
+    costs.record_iteration(Mode.UNMERGE, 54, 0, 0.9)  # the same size, within 2x: not due yet
     costs.snapshot()
     assert costs.fits[Mode.UNMERGE].samples == 8
     costs.record_iteration(Mode.UNMERGE, 1024, 0, 0.08)
     costs.snapshot()
     fit = costs.fits[Mode.UNMERGE]
     assert fit.samples == 10
-    assert 0.06 <= fit.seconds(1024, 0) <= 0.156  # between the prefills seen, not 22.8 s
+    assert 0.08 <= fit.seconds(1024, 0) <= 1.205  # within the prefills seen, not 22.8 s
     for tokens in (128, 512, 2048, 256, 64, 1024):  # many sizes: the slope is fitted again
         costs.record_iteration(Mode.UNMERGE, tokens, 0, 0.055 + 2e-5 * tokens)
     for _ in range(16):
@@ -324,3 +325,29 @@ def test_the_recent_iterations_are_the_last_of_each_mode_oldest_first():
     recent = costs.recent_iterations(last=4)
     assert recent == {Mode.UNMERGE: [(0, 17, 0.01), (0, 18, 0.01), (0, 19, 0.01), (0, 20, 0.01)],
                       Mode.MERGE: [(64, 0, 0.05)]}
+
+
+# What a fresh unmerge-only server on an H200 timed, in order (revision 88a675a,
+# bench/results/profile_cost_model_startup_samples_h200.json): SGLang's warm-up prefill of 54
+# tokens compiling kernels (4.9 s), its decode steps (two cold), a 1-token prefill, a first
+# 1024-token prefill (0.52 s, new shapes), then 1024-token prefills of 41-70 ms; its forward
+# profiled at 66-72 ms.
+H200_START = [(54, 0, 4.896857), (0, 1, 0.444996), (0, 1, 0.163265), (0, 1, 0.007307), (0, 1, 0.007313),
+              (0, 1, 0.007172), (0, 1, 0.007222), (0, 1, 0.007168), (1, 0, 0.052415), (1024, 0, 0.518298),
+              (1024, 0, 0.04099), (1024, 0, 0.069969), (1024, 0, 0.064349), (1024, 0, 0.059899),
+              (1024, 0, 0.069897)]
+
+
+def test_a_fit_made_of_start_up_iterations_is_redone_once_it_misses():
+    """The fit of the first nine samples charged 91 ms a prompt token (92.8 s for a 1024-token
+    prefill), and the doubling rule kept it to the sixteenth sample. The prefills it misses by
+    more than 2x make it due sooner, so by the last sample it has been redone. The cold samples
+    are still in it (a known limit: docs/orchestrator.md), so a 1024-token prefill is still
+    charged far more than the 66-72 ms profiled, but no longer about a thousand times more."""
+    costs = MeasuredCosts(LAYERS)
+    for sample in H200_START:
+        costs.record_iteration(Mode.UNMERGE, *sample)
+        costs.snapshot()  # the scheduler reads the cost model every iteration
+    fit = costs.fits[Mode.UNMERGE]
+    assert fit.samples > 9
+    assert fit.seconds(1024, 0) < 1.0
