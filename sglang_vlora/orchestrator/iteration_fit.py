@@ -36,6 +36,7 @@ with non-negative coefficients is the unconstrained one on some subset of the un
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -59,6 +60,8 @@ _SUBSETS = sorted(
     key=lambda s: (-len(s), sum(i in _FIXED_TERMS for i in s), s),
 )
 _OUTLIER_MADS = 4.0  # a sample this many scaled median absolute residuals off is dropped
+_COLD_FACTOR = 5.0  # an iteration this many times slower than its kind's larger ones is cold
+_COLD_MIN = 3  # ... judged against at least this many of them
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,12 @@ class IterationFit:
 
     @classmethod
     def fit(cls, samples: Sequence[Sample]) -> IterationFit | None:
-        """Least squares with non-negative coefficients, refitted once without outliers
-        (an iteration that paid for a garbage collection or a late host). None without samples."""
+        """Least squares with non-negative coefficients over the samples less the cold ones
+        (:func:`_without_cold`), refitted once without outliers (an iteration that paid for a
+        garbage collection or a late host). None without samples."""
         if not samples:
             return None
+        samples = _without_cold(samples)
         first = _nnls(samples)
         residuals = [abs(s - first.seconds(t, r)) for t, r, s in samples]
         limits = {}
@@ -102,6 +107,34 @@ class IterationFit:
         if len(kept) == len(samples) or len(kept) < 3:
             return first
         return _nnls(kept)
+
+
+def _without_cold(samples: Sequence[Sample]) -> list[Sample]:
+    """``samples`` less the cold iterations: one more than :data:`_COLD_FACTOR` times slower
+    than the median of the iterations of its kind that are at least as large (prompt tokens,
+    then decode requests; itself included), judged once there are :data:`_COLD_MIN` of them.
+    A larger batch of the same kind does not take less time, so such an iteration paid for
+    something else, most often kernels compiling on the first run of a shape: on an H200
+    SGLang's 54-token warm-up prefill took 4.9 s and the first 1024-token prefill 518 ms,
+    where later 1024-token prefills took 41-70 ms (``bench/results/
+    profile_cost_model_startup_samples_h200.json``). The residual filter of :meth:`IterationFit.fit`
+    cannot drop them while they are most of their kind: they pull the fit it judges by."""
+    by_kind: dict[tuple[bool, bool], list[int]] = {}
+    for i, (tokens, requests, _) in enumerate(samples):
+        by_kind.setdefault(_kind(tokens, requests), []).append(i)
+    cold: set[int] = set()
+    for indices in by_kind.values():
+        indices.sort(key=lambda i: samples[i][:2], reverse=True)
+        larger: list[float] = []  # sorted seconds of the iterations at least as large
+        for _, group in itertools.groupby(indices, key=lambda i: samples[i][:2]):
+            group = list(group)
+            for i in group:
+                bisect.insort(larger, samples[i][2])
+            if len(larger) >= _COLD_MIN:
+                mid = len(larger) // 2
+                median = larger[mid] if len(larger) % 2 else (larger[mid - 1] + larger[mid]) / 2
+                cold.update(i for i in group if samples[i][2] > _COLD_FACTOR * median)
+    return [x for i, x in enumerate(samples) if i not in cold]
 
 
 def _kind(tokens: int, requests: int) -> tuple[bool, bool]:

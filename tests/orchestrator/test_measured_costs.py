@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sglang_vlora.orchestrator import CostModelError, MeasuredCosts, Mode, OutputLengths
+from sglang_vlora.orchestrator.iteration_fit import IterationFit
 from sglang_vlora.orchestrator.request_params import application_and_slo
 from tests.orchestrator.builders import req
 
@@ -341,13 +342,24 @@ H200_START = [(54, 0, 4.896857), (0, 1, 0.444996), (0, 1, 0.163265), (0, 1, 0.00
 def test_a_fit_made_of_start_up_iterations_is_redone_once_it_misses():
     """The fit of the first nine samples charged 91 ms a prompt token (92.8 s for a 1024-token
     prefill), and the doubling rule kept it to the sixteenth sample. The prefills it misses by
-    more than 2x make it due sooner, so by the last sample it has been redone. The cold samples
-    are still in it (a known limit: docs/orchestrator.md), so a 1024-token prefill is still
-    charged far more than the 66-72 ms profiled, but no longer about a thousand times more."""
+    more than 2x make it due sooner, and the cold iterations (the 4.9 s warm-up prefill, the
+    518 ms first 1024-token one, the two slow first decode steps) are left out once enough
+    larger iterations of their kind show them up: by the last sample a 1024-token prefill is
+    charged within 25% of the 66-72 ms profiled, a decode step what the warm steps took."""
     costs = MeasuredCosts(LAYERS)
     for sample in H200_START:
         costs.record_iteration(Mode.UNMERGE, *sample)
         costs.snapshot()  # the scheduler reads the cost model every iteration
     fit = costs.fits[Mode.UNMERGE]
-    assert fit.samples > 9
-    assert fit.seconds(1024, 0) < 1.0
+    assert 0.066 * 0.75 <= fit.seconds(1024, 0) <= 0.072 * 1.25
+    assert fit.seconds(0, 1) == pytest.approx(0.0072, rel=0.05)
+
+
+def test_a_cold_iteration_is_judged_against_larger_ones_of_its_kind():
+    """A 54-token prefill of 4.9 s against three 1024-token prefills of about 60 ms: cold. A
+    4096-token prefill of 300 ms against them is not judged (no three at least as large), nor
+    is a small prefill slower than its own size's others by less than 5x."""
+    samples = [(54, 0, 4.9), (1024, 0, 0.06), (1024, 0, 0.062), (1024, 0, 0.058), (4096, 0, 0.3),
+               (32, 0, 0.2), (0, 8, 0.008), (0, 8, 0.0081), (0, 4, 0.2), (0, 16, 0.009)]
+    fit = IterationFit.fit(samples)
+    assert fit.samples == len(samples) - 2  # the 54-token prefill and the 4-request step of 200 ms
