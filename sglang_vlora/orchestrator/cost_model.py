@@ -232,10 +232,9 @@ class MeasuredCosts:
     A mode's fit is redone when its samples have doubled since the last fit (1, 2, 4, ...
     samples: early estimates improve fast) and then every ``refit_every`` new ones: a fit
     over the window is about a millisecond of Python, too much for every iteration of the
-    scheduler's loop. It is also redone sooner when it is known to be wrong: at once when a
-    prefill of a new size comes to a fit that had seen one size only (which could not fit a
-    per-token cost yet), and after ``MISS_REFIT_SAMPLES`` new samples when one of them took
-    less than half or more than twice what the fit predicts. A server's first iterations
+    scheduler's loop. It is also redone sooner when it is known to be wrong: after
+    ``MISS_REFIT_SAMPLES`` new samples when one of them took less than half or more than
+    twice what the fit predicts. A server's first iterations
     compile kernels (seconds for SGLang's warm-up prefill on an H200,
     ``bench/results/profile_cost_model_startup_samples_h200.json``); the first fits are made
     of little else, and the doubling rule alone kept such a fit for many iterations. Switch
@@ -250,9 +249,6 @@ class MeasuredCosts:
         self._switch = {kind: deque(maxlen=window) for kind in SWITCH_KINDS}  # (rank, layers, seconds)
         self._refit_every = refit_every
         self._unfitted = dict.fromkeys(Mode, 0)  # iterations recorded since the mode's last fit
-        # Per mode, the prefill sizes its last fit saw, while fewer than two (no per-token term yet).
-        self._one_size: dict[Mode, set[int]] = {}
-        self._refit_now: set[Mode] = set()  # modes whose next snapshot refits (a second prefill size)
         self._misses = dict.fromkeys(Mode, 0)  # samples off the mode's fit by more than MISS_FACTOR
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
@@ -269,9 +265,6 @@ class MeasuredCosts:
         mode = Mode(mode)
         self._iterations[mode].append((prefill_tokens, decode_requests, seconds))
         self._unfitted[mode] += 1
-        sizes = self._one_size.get(mode)
-        if prefill_tokens and sizes is not None and prefill_tokens not in sizes:
-            self._refit_now.add(mode)
         fit = self.fits.get(mode)
         if fit is not None:
             predicted = fit.seconds(prefill_tokens, decode_requests)
@@ -282,7 +275,7 @@ class MeasuredCosts:
 
     def _due(self, mode: Mode) -> bool:
         fit = self.fits.get(mode)
-        if fit is None or mode in self._refit_now:
+        if fit is None:
             return True
         if self._misses[mode] and self._unfitted[mode] >= MISS_REFIT_SAMPLES:
             return True
@@ -335,12 +328,6 @@ class MeasuredCosts:
         fit = IterationFit.fit(points)
         self.fits[mode] = fit
         self._unfitted[mode] = 0
-        sizes = {tokens for tokens, _, _ in points if tokens}
-        if len(sizes) < 2:
-            self._one_size[mode] = sizes
-        else:
-            self._one_size.pop(mode, None)
-        self._refit_now.discard(mode)
         self._misses[mode] = 0
         ran_prefill = any(tokens for tokens, _, _ in points)
         prefill = (fit.prefill_token_s, fit.fixed_s + fit.prefill_forward_s) if ran_prefill else None
