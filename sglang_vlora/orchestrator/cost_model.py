@@ -234,11 +234,10 @@ class MeasuredCosts:
     over the window is about a millisecond of Python, too much for every iteration of the
     scheduler's loop. It is also redone sooner when it is known to be wrong: after
     ``MISS_REFIT_SAMPLES`` new samples when one of them took less than half or more than
-    twice what the fit predicts. A server's first iterations
-    compile kernels (seconds for SGLang's warm-up prefill on an H200,
-    ``bench/results/profile_cost_model_startup_samples_h200.json``); the first fits are made
-    of little else, and the doubling rule alone kept such a fit for many iterations. Switch
-    fits are redone after every switch.
+    twice what the fit predicts. A server's first iterations compile kernels (seconds for
+    SGLang's warm-up prefill on an H200, ``bench/results/profile_cost_model_startup_samples_h200.json``);
+    the first fits are made of little else, and the doubling rule alone kept such a fit for
+    many iterations. Switch fits are redone after every switch.
     """
 
     def __init__(self, layers: int, window: int = 256, refit_every: int = 32) -> None:
