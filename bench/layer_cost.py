@@ -83,10 +83,15 @@ def rows(profile: dict, table: dict, system: str) -> list[dict]:
     return out
 
 
-def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
+def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
     """Host microseconds per eager LoRA module call of the ``atmm`` backend (qkv of
     Qwen2-VL-7B, one rank-64 adapter, ``tokens`` tokens), the GPU kept busy so that no
-    call waits for it; and, for comparison, of the two bare Triton launches it makes."""
+    call waits for it; and, for comparison, of the two bare kernel launches it makes, each
+    way: prepared launches straight through the driver (``driver_launch``, the default),
+    prepared launches through Triton's compiled handle, and the unprepared launch path.
+    Every figure is the median over ``rounds`` rounds in which the ways take turns (the
+    host's speed drifts, docs/perf.md)."""
+    import statistics
     from types import SimpleNamespace
 
     import torch
@@ -98,7 +103,8 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
 
     dev = torch.device("cuda")
     widths = (HIDDEN, KV, KV)
-    offsets = torch.tensor([0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], dtype=torch.int32)
+    slice_offsets = [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV]
+    offsets = torch.tensor(slice_offsets, dtype=torch.int32)
     a = torch.randn(2, 3 * RANK, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.01
     b = torch.randn(2, sum(widths), RANK, device=dev, dtype=torch.bfloat16) * 0.01
     x = torch.randn(tokens, HIDDEN, device=dev, dtype=torch.bfloat16)
@@ -106,7 +112,10 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
     backend = ATMMLoRABackend(max_loras_per_batch=2, device=dev)
     batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1,
                             extend_seq_lens=torch.tensor([tokens], dtype=torch.int32), extend_seq_lens_cpu=[tokens])
-    backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
+    launchers = (triton_kernels._SHRINK, triton_kernels._EXPAND)
+
+    def prepare() -> None:
+        backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
 
     def per_call(fn) -> float:
         for _ in range(5):
@@ -114,9 +123,10 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
         torch.cuda.synchronize()
         return time_calls(fn, calls)[1]  # host us, GPU work queued ahead: no call waits for it
 
-    prepare_us = per_call(lambda: backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False))
-    backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
-    module_us = per_call(lambda: backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets, base_output=out))
+    def module_call() -> None:
+        backend.run_qkv_lora(x, a, b, output_offset_cpu=offsets, base_output=out)
+
+    prepare()
     items = backend.work_items
     inter = torch.empty(tokens, a.shape[1], device=dev, dtype=x.dtype)
     dev_name = ops._device_name(x)
@@ -127,33 +137,46 @@ def host_cost(tokens: int = 1024, calls: int = 200) -> dict:
         triton_kernels.launch_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots, items.row_starts,
                                      items.ranks, None, 3, tokens, scfg)
         triton_kernels.launch_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
-                                     items.row_starts, items.layers, 1, items.ranks, None,
-                                     [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], tokens, ecfg)
+                                     items.row_starts, items.layers, 1, items.ranks, None, slice_offsets, tokens, ecfg)
 
-    shrink = triton_kernels.prepare_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots,
-                                           items.row_starts, items.ranks, None, 3, tokens, scfg)
-    expand = triton_kernels.prepare_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
-                                           items.row_starts, items.layers, 1, items.ranks, None,
-                                           [0, HIDDEN, HIDDEN + KV, HIDDEN + 2 * KV], tokens, ecfg)
+    def prepared_launches(direct: bool):  # what an eager batch's launch plans run for the 2nd-28th layer
+        for launcher in launchers:
+            launcher.use_direct(direct)
+        shrink = triton_kernels.prepare_shrink(x, a, inter, items.seg_starts, items.seg_lens, items.slots,
+                                               items.row_starts, items.ranks, None, 3, tokens, scfg)
+        expand = triton_kernels.prepare_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots,
+                                               items.scales, items.row_starts, items.layers, 1, items.ranks, None,
+                                               slice_offsets, tokens, ecfg)
 
-    def prepared_launches() -> None:  # what an eager batch's launch plans run for the 2nd-28th layer
-        shrink(x, a, inter)
-        for launch in expand:
-            launch(inter, b, out, out)
+        def run() -> None:
+            shrink(x, a, inter)
+            for launch in expand:
+                launch(inter, b, out, out)
 
-    prepared_us = per_call(prepared_launches)  # compiles the handles used below
-    handles = [(shrink, (x, a, inter)), *((launch, (inter, b, out, out)) for launch in expand)]
+        run()  # the first launch picks the way
+        return run
 
-    def handle_launches_with_tensors() -> None:  # the same compiled kernels, every argument a tensor
-        for launch, lead in handles:
-            runner = next(iter(launch._runners.values()))
-            runner(*lead, *launch.tail, *launch.constexprs.values())
-
-    return {"tokens": tokens, "prepare_lora_batch_us": round(prepare_us, 1),
-            "qkv_module_call_us": round(module_us, 1), "two_triton_launches_us": round(per_call(launches), 1),
-            "two_prepared_launches_us": round(prepared_us, 1),
-            "two_handle_launches_tensor_args_us": round(per_call(handle_launches_with_tensors), 1),
-            "intermediate_alloc_us": round(per_call(lambda: torch.empty_like(inter)), 1)}
+    ways = {"direct": prepared_launches(True), "triton_handle": prepared_launches(False)}
+    direct_kernels = sum(launcher.direct_count() for launcher in launchers)
+    samples: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for direct, name in ((True, "qkv_module_call_us"), (False, "qkv_module_call_triton_handle_us")):
+            for launcher in launchers:
+                launcher.use_direct(direct)
+            prepare()  # a new batch: its launch plans take the way just set
+            samples.setdefault(name, []).append(per_call(module_call))
+        for launcher in launchers:
+            launcher.use_direct(True)
+        timed = {"prepare_lora_batch_us": prepare, "two_direct_launches_us": ways["direct"],
+                 "two_prepared_launches_triton_handle_us": ways["triton_handle"], "two_triton_launches_us": launches,
+                 "intermediate_alloc_us": lambda: torch.empty_like(inter)}
+        for name, fn in timed.items():
+            samples.setdefault(name, []).append(per_call(fn))
+    result = {"tokens": tokens, "rounds": rounds, "kernels_launched_direct": direct_kernels}
+    for name, values in samples.items():
+        result[name] = round(statistics.median(values), 1)
+        result[name.removesuffix("_us") + "_range_us"] = [round(min(values), 1), round(max(values), 1)]
+    return result
 
 
 def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int = 100) -> list[dict]:

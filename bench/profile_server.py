@@ -86,8 +86,11 @@ SYSTEMS = {
     "csgmv": ["--lora-backend", "csgmv"],
     "triton": ["--lora-backend", "triton"],
     "atmm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
+    # the same server with ATMM's prepared launches through Triton's launcher, not the driver
+    "atmm_triton_launch": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
     "vlora": ["--plugin", "vlora"],
 }
+SYSTEM_ENV = {"atmm_triton_launch": {"SGLANG_VLORA_DIRECT_LAUNCH": "0"}}
 GPU_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--mm-attention-backend", "sdpa"]
 SCENARIOS = {
     # name: (requests, prompt tokens each, output tokens, adapters used)
@@ -148,6 +151,7 @@ def start_server(name: str, model: Path, adapters: dict[str, Path], port: int, l
     env.setdefault("SGLANG_PROFILE_WITH_STACK", "false")
     env.setdefault("SGLANG_PROFILE_RECORD_SHAPES", "false")
     env.setdefault("SGLANG_VLORA_PROFILE_RANGES", "1")
+    env.update(SYSTEM_ENV.get(name, {}))
     with open(log, "w") as out:
         out.write("$ " + shlex.join(cmd) + "\n")
         out.flush()

@@ -20,14 +20,24 @@ Triton's launch returns no compiled kernel and every launch takes Triton's path.
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from sglang_vlora.atmm import driver_launch
 from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
+
+logger = logging.getLogger(__name__)
+
+# Prepared launches go straight to the driver (driver_launch) unless this is "0": Triton's
+# launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
+DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
 
 _INT32 = range(-(2**31), 2**31)
 
@@ -71,6 +81,9 @@ class FastLauncher:
         if any(is_constexpr[: self.num_runtime]):
             raise ValueError(f"{fn.__name__}: constexpr parameters must come last")
         self._compiled: dict[tuple, Any] = {}
+        # per compiled kernel (by id; they stay in _compiled): its driver_launch layout, or why none
+        self._layouts: dict[int, driver_launch.KernelLayout | str] = {}
+        self.direct = os.environ.get(DIRECT_LAUNCH_ENV, "1") != "0"
 
     def check(self, args: tuple, constexprs: dict[str, Any]) -> None:
         if len(args) != self.num_runtime or tuple(constexprs) != self.constexpr_names:
@@ -100,6 +113,41 @@ class FastLauncher:
         """How many specialisations launch without Triton's binder (for tests)."""
         return len(self._compiled)
 
+    def runner(self, compiled: Any, grid: tuple[int, ...], args: tuple, lead: int) -> Callable[..., None]:
+        """``run(*pointers, stream=handle)``: ``compiled`` over ``grid`` with ``args`` (runtime
+        then constexpr values; tensors as addresses after the first ``lead``), the first
+        ``lead`` replaced by ``pointers``; through the driver where the kernel allows it
+        (:mod:`sglang_vlora.atmm.driver_launch`), else through Triton's launcher."""
+        layout = self._layouts.get(id(compiled))
+        if layout is None:
+            layout = self._layouts[id(compiled)] = self._layout(compiled)
+        if isinstance(layout, driver_launch.KernelLayout):
+            return driver_launch.DirectLaunch(layout, grid, args, lead, driver_launch.cu_launch_kernel())
+        handle, rest = compiled[(*grid, 1, 1)[:3]], args[lead:]
+        return lambda *pointers, stream: handle(*pointers, *rest, stream=stream)
+
+    def _layout(self, compiled: Any) -> driver_launch.KernelLayout | str:
+        if not self.direct:
+            return f"{DIRECT_LAUNCH_ENV}=0"
+        try:
+            driver_launch.cu_launch_kernel()
+            layout = driver_launch.kernel_layout(compiled)
+        except OSError as exc:
+            layout = f"no CUDA driver library ({exc})"
+        if isinstance(layout, str):
+            logger.info("%s launches through Triton's launcher, not the driver: %s", self.fn.__name__, layout)
+        return layout
+
+    def use_direct(self, on: bool) -> None:
+        """Turn direct launches on or off for launches prepared from now on (benchmarks
+        compare both ways in one process)."""
+        self.direct = on
+        self._layouts.clear()
+
+    def direct_count(self) -> int:
+        """How many compiled specialisations launch straight through the driver (for tests)."""
+        return sum(isinstance(v, driver_launch.KernelLayout) for v in self._layouts.values())
+
 
 class PreparedLaunch:
     """One launch of a :class:`FastLauncher` kernel whose arguments after the first
@@ -108,12 +156,14 @@ class PreparedLaunch:
     with new leading tensors (same shapes and strides as the ones it was prepared with;
     the caller's plan key makes sure) and keys only those.
 
-    Once compiled, every tensor goes to the kernel as its device address: Triton's launcher
-    otherwise asks each tensor for ``data_ptr()`` and the driver for the pointer's
-    attributes, on every launch, for every one of the kernels' 11-12 tensor arguments
-    (``bench/layer_cost.py``'s ``host_cost`` measures both). The fixed tensors stay
-    referenced here, so their addresses stay theirs. The launch goes to the current stream,
-    read without Triton's device and stream look-ups."""
+    Once compiled, every tensor goes to the kernel as its device address, and the launch
+    goes through :meth:`FastLauncher.runner`: straight to the driver with the parameters
+    packed once, or Triton's compiled handle given addresses (its launcher otherwise asks
+    each tensor for ``data_ptr()`` and the driver for the pointer's attributes, on every
+    launch, for every one of the kernels' 11-12 tensor arguments; ``bench/layer_cost.py``'s
+    ``host_cost`` measures each way). The fixed tensors stay referenced here, so their
+    addresses stay theirs. The launch goes to the current stream, read without Triton's
+    device and stream look-ups."""
 
     def __init__(
         self,
@@ -142,13 +192,13 @@ class PreparedLaunch:
         lead_key = tuple((t.dtype, p % 16 == 0) for t, p in zip(lead, pointers, strict=True))
         runner = self._runners.get(lead_key)
         if runner is not None:
-            runner(*pointers, *self._rest, stream=_current_stream(self._device))
+            runner(*pointers, stream=_current_stream(self._device))
             return
         launcher = self.launcher
         launcher(self.grid, (*lead, *self.tail), self.constexprs, self.num_warps, self.num_stages)
         compiled = launcher._compiled.get((*self._head, *lead_key, *self._tail_key))
         if compiled is not None:
-            self._runners[lead_key] = compiled[(*self.grid, 1, 1)[:3]]
+            self._runners[lead_key] = launcher.runner(compiled, self.grid, (*lead, *self._rest), self.lead)
 
 
 def _device(arg: torch.Tensor | TensorDescriptor) -> int:

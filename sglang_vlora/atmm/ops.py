@@ -423,7 +423,9 @@ def _plan(items: WorkItems, key: tuple, build: Callable[[], Callable]) -> Callab
 def _apply_plan(x, a_buffer, b_buffer, items: WorkItems, slice_offsets: tuple[int, ...], output, impl: str) -> Callable:
     """``plan(x, a_buffer, b_buffer, output)``: shrink then expand for this shape and batch."""
     _check_shrink_shapes(x, a_buffer)
-    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, impl)
+    # One intermediate for every layer of the batch: each layer's expand reads it before the
+    # next layer's shrink writes it, in the order of the one stream an eager forward runs on.
+    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, impl, one_output=True)
     inter = torch.empty((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     expand = _expand_plan(inter, b_buffer, items, slice_offsets, output, impl)
 
@@ -448,10 +450,12 @@ def _shrink_kernel(
 
 
 def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool, impl: str,
-                 at_positions: bool = False) -> Callable:
+                 at_positions: bool = False, one_output: bool = False) -> Callable:
     """``plan(x, a_buffer) -> intermediate`` for this shape and batch. ``at_positions``: each
     item's rows start at its segment's first position (``[x.shape[0], width]``, items that do not
-    overlap; rows no item covers are left unset), Triton only; else at its ``row_starts``."""
+    overlap; rows no item covers are left unset), Triton only; else at its ``row_starts``.
+    ``one_output``: every call returns the same intermediate tensor (the caller reads it before
+    the next call writes it), else a new one."""
     from sglang_vlora.atmm import triton_kernels
 
     dims = (x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
@@ -469,9 +473,9 @@ def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool
     prepared = triton_kernels.prepare_shrink(*args, cfg)
 
     def run(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        inter = alloc((rows, width), dtype=x.dtype, device=x.device)
-        prepared(x, a, inter)
-        return inter
+        out = inter if one_output else alloc((rows, width), dtype=x.dtype, device=x.device)
+        prepared(x, a, out)
+        return out
 
     return run
 

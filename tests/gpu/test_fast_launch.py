@@ -84,3 +84,44 @@ def test_descriptor_kernel_launches_through_its_compiled_handle() -> None:
         assert (again.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
     assert gemm_lora._LAUNCHER.compiled_count() == held
     assert torch.equal(again, got)
+
+
+def test_direct_driver_launches_give_the_triton_handles_results() -> None:
+    """The ATMM kernels' prepared launches go straight to the driver (driver_launch); with
+    that turned off they go through Triton's compiled handle. Both ways write the same
+    bits, for the first layer's tensors and for another layer's."""
+    from sglang_vlora.atmm import triton_kernels
+    from sglang_vlora.atmm.work_items import build_work_items
+
+    torch.manual_seed(1)
+    k, rank, widths = 896, 32, (896, 128, 128)
+    offsets = [0, widths[0], widths[0] + widths[1], sum(widths)]
+    launchers = (triton_kernels._SHRINK, triton_kernels._EXPAND)
+
+    def operands():
+        return (torch.randn(300, k, device="cuda", dtype=torch.bfloat16),
+                torch.randn(3, 3 * rank, k, device="cuda", dtype=torch.bfloat16) / 8,
+                torch.randn(3, sum(widths), rank, device="cuda", dtype=torch.bfloat16) / 8)
+
+    layers = [operands(), operands()]
+    results = {}
+    try:
+        for direct in (True, False):
+            for launcher in launchers:
+                launcher.use_direct(direct)
+            # new items: a new batch, whose launch plans take the way just set
+            items = build_work_items([0, 100], [100, 200], [1, 2], [1.0, -0.5], [0, rank, rank], device="cuda")
+            results[direct] = [_apply(*layer, items, offsets, "triton") for layer in (*layers, layers[0])]
+            if direct:
+                assert all(launcher.direct_count() >= 1 for launcher in launchers)
+            else:
+                assert all(launcher.direct_count() == 0 for launcher in launchers)
+    finally:
+        for launcher in launchers:
+            launcher.use_direct(True)
+    torch.cuda.synchronize()
+    for got, expected in zip(results[True], results[False], strict=True):
+        assert torch.equal(got, expected)
+    assert torch.equal(results[True][0], results[True][2])
+    ref = _apply(*layers[1], items, offsets, "torch").float()
+    assert (results[True][1].float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
