@@ -91,6 +91,7 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
     prepared launches through Triton's compiled handle, and the unprepared launch path.
     Every figure is the median over ``rounds`` rounds in which the ways take turns (the
     host's speed drifts, docs/perf.md)."""
+    import ctypes
     import statistics
     from types import SimpleNamespace
 
@@ -156,8 +157,11 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
         run()  # the first launch picks the way
         return run
 
-    ways = {"direct": prepared_launches(True), "triton_handle": prepared_launches(False)}
-    direct_kernels = sum(launcher.direct_count() for launcher in launchers)
+    ways = {"direct": prepared_launches(True)}
+    direct_kernels = sum(launcher.direct_count() for launcher in launchers)  # before the next way clears them
+    ways["triton_handle"] = prepared_launches(False)
+    context = ctypes.c_void_p()
+    get_context = ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent  # the cheapest driver call, for scale
     samples: dict[str, list[float]] = {}
     for _ in range(rounds):
         for direct, name in ((True, "qkv_module_call_us"), (False, "qkv_module_call_triton_handle_us")):
@@ -169,7 +173,8 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
             launcher.use_direct(True)
         timed = {"prepare_lora_batch_us": prepare, "two_direct_launches_us": ways["direct"],
                  "two_prepared_launches_triton_handle_us": ways["triton_handle"], "two_triton_launches_us": launches,
-                 "intermediate_alloc_us": lambda: torch.empty_like(inter)}
+                 "intermediate_alloc_us": lambda: torch.empty_like(inter),
+                 "one_trivial_driver_call_us": lambda: get_context(ctypes.byref(context))}
         for name, fn in timed.items():
             samples.setdefault(name, []).append(per_call(fn))
     result = {"tokens": tokens, "rounds": rounds, "kernels_launched_direct": direct_kernels}
