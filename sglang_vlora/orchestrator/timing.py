@@ -13,7 +13,9 @@ returns before the GPU is done). When the scheduler goes idle after a batch, the
 interval ends with a mark made at the idle step: on the GPU that mark is done when the
 batch's work is, so the wait for the next request is not charged to it (a server whose
 requests arrive one at a time, or answer in one forward, times every batch). An interval
-that a weight switch fell into is not the batch's own and is dropped.
+that a weight switch fell into is not the batch's own and is dropped. A batch started
+with ``record=False`` (one that pays one-off costs) still ends the previous batch's
+interval, but its own is never read.
 """
 
 from __future__ import annotations
@@ -85,11 +87,13 @@ class Intervals(Generic[K]):
 class BatchTimer(Intervals[K]):
     """Each batch from its start mark to the next batch's start mark."""
 
-    def start(self, payload: K) -> None:
+    def start(self, payload: K, record: bool = True) -> None:
+        """A batch starts: the previous batch's interval ends here. With ``record=False``
+        this batch's own interval is dropped (``collect`` never returns it)."""
         mark = self.clock.mark()
         if self._pending and self._pending[-1].end is None:
             self._pending[-1].end = mark
-        self._pending.append(_Interval(mark, payload))
+        self._pending.append(_Interval(mark, payload, valid=record))
 
     def end_at_idle(self) -> None:
         """The scheduler found no batch to run: the last batch's interval ends here."""

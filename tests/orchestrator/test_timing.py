@@ -131,3 +131,28 @@ def test_switch_intervals_are_read_once_done():
     stream.host = 1.0
     assert switches.collect() == [(("merge", 64), pytest.approx(0.0025))]
     assert switches.collect() == []
+
+
+def test_an_unrecorded_batch_ends_the_one_before_and_is_never_read():
+    """The first request's batches pay one-off costs: started with ``record=False``, a batch
+    is not read, yet it still ends the interval of the batch before it, and the next batch
+    is timed from its own start."""
+    stream = FakeStream()
+    timer = BatchTimer(stream)
+    starts = {}
+    got = []
+    for name, work, record in (("a", 4.9, False), ("b", 0.007, True), ("c", 0.008, True)):
+        got += timer.collect()
+        timer.start(name, record=record)
+        starts[name] = stream.device
+        stream.queue(work)
+        stream.host = stream.device  # the host waits for the batch (no overlap)
+    stream.host += 0.002  # the host's own work before the next batch: c's bubble
+    timer.start("d", record=False)  # c's interval ends here; d's is never read
+    stream.queue(0.5)
+    stream.host = stream.device
+    timer.end_at_idle()
+    got += timer.collect()
+    assert starts["b"] == pytest.approx(4.9)  # b starts where a ended, and is timed from there
+    assert got == [("b", pytest.approx(0.007)), ("c", pytest.approx(0.010))]
+    assert timer.collect() == []

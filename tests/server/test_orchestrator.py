@@ -158,6 +158,20 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert sum(arrivals["shares"].values()) == pytest.approx(1.0)
 
 
+def test_the_first_request_the_server_ran_is_not_a_cost_sample(orchestrated):
+    """SGLang's warm-up (here a chat completion with an image, at most 8 tokens) is the
+    first request: its iterations pay one-off costs and are listed apart, not fitted. Its
+    prompt may take several 64-token chunks; the first token comes with the prefill."""
+    costs = status(orchestrated)["orchestrator"]["cost_model"]
+    first = costs["first_request_iterations"]  # [mode, prefill tokens, decoding requests]
+    assert costs["first_request_iteration_count"] == len(first) > 0
+    prefills = [it for it in first if it[1] > 0]
+    assert first[: len(prefills)] == prefills and all(requests == 0 for _, _, requests in prefills), first
+    decodes = first[len(prefills):]
+    assert prefills and len(decodes) <= 7 and all(tokens == 0 and requests == 1 for _, tokens, requests in decodes)
+    assert {mode for mode, _, _ in first} == {"unmerge"}  # a base-model request, nothing merged for it
+
+
 def test_metrics_carry_modes_switches_and_queues(orchestrated):
     text = httpx.get(orchestrated.url + "/metrics", timeout=60).text
     for series in (
