@@ -2,12 +2,13 @@
 
 Triton's launch of a compiled kernel still runs Python on every call: its runner reads the
 launch hooks, builds the launch metadata, allocates scratch through closures, then its C
-launcher parses every argument again. For the ATMM kernels, launched 112 times per eager
-prefill forward of a 7B model, that is about 10 us a launch on the H200's host
-(``bench/layer_cost.py --host-only``), and the eager forward is bound by its host time
-(``docs/perf.md``). A :class:`DirectLaunch` packs the kernel's parameters once, in the
-layout the compiled kernel declares, and per launch only writes the leading pointers (the
-activations, weights and outputs that change from layer to layer) and calls the driver.
+launcher parses every argument again. The ATMM kernels launch 112 times per eager prefill
+forward of a 7B model, and that forward is bound by its host time (``docs/perf.md``). A
+:class:`DirectLaunch` packs the kernel's parameters once, in the layout the compiled kernel
+declares, and per launch only writes the leading pointers (the activations, weights and
+outputs that change from layer to layer) and calls the driver. On the benchmark H200's
+host that saves about 2 us of a launch's 11-15 us; the rest is the driver's own
+``cuLaunchKernel`` (``bench/layer_cost.py --host-only``).
 
 The layout comes from the kernel's own PTX entry (``.param`` declarations), matched
 against Triton's signature of the specialisation: every argument Triton did not fold

@@ -454,8 +454,8 @@ def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool
     """``plan(x, a_buffer) -> intermediate`` for this shape and batch. ``at_positions``: each
     item's rows start at its segment's first position (``[x.shape[0], width]``, items that do not
     overlap; rows no item covers are left unset), Triton only; else at its ``row_starts``.
-    ``one_output``: every call returns the same intermediate tensor (the caller reads it before
-    the next call writes it), else a new one."""
+    ``one_output``: with the Triton kernel, every call returns the same intermediate tensor
+    (the caller reads it before the next call writes it); else each call a new one."""
     from sglang_vlora.atmm import triton_kernels
 
     dims = (x.shape[1], num_slices * _items_max_rank(items), x.shape[0])

@@ -159,9 +159,9 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
 
 
 def test_the_first_request_the_server_ran_is_not_a_cost_sample(orchestrated):
-    """SGLang's warm-up (here a chat completion with an image, at most 8 tokens) is the
-    first request: its iterations pay one-off costs and are listed apart, not fitted. Its
-    prompt may take several 64-token chunks; the first token comes with the prefill."""
+    """SGLang's warm-up (at most 8 output tokens) is the first request: its iterations pay
+    one-off costs and are listed apart, not fitted. Its prompt may take several 64-token
+    chunks; the first token comes with the prefill."""
     costs = status(orchestrated)["orchestrator"]["cost_model"]
     first = costs["first_request_iterations"]  # [mode, prefill tokens, decoding requests]
     assert costs["first_request_iteration_count"] == len(first) > 0
