@@ -276,23 +276,21 @@ def write_host_cost(out: Path, tag: str) -> None:
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: lora-gemm on host {r['on']['host_us']:6.1f} us "
               f"GPU {r['on']['gpu_us']:7.1f} us | off host {r['off']['host_us']:6.1f} us GPU {r['off']['gpu_us']:7.1f} us")
-    env = provenance.environment(provenance.gpu_info())
     doc = {
-        "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits: "
-                "one prepare_lora_batch of a 1024-token, one-adapter prefill; one qkv LoRA module call of "
-                "Qwen2-VL-7B (rank 64); the two Triton launches that call makes, through Triton's own launcher, "
-                "as prepared launches, and through the same compiled handles given every argument as a tensor; "
-                "one allocation of the call's intermediate; eager_module_paths: host and GPU microseconds of "
-                "one eager forward_with_base of a qkv and an o module with --vlora-lora-gemm on and off",
+        "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits, "
+                "medians of rounds in which the ways take turns: one prepare_lora_batch of a 1024-token, "
+                "one-adapter prefill; one qkv LoRA module call of Qwen2-VL-7B (rank 64) with its launches straight "
+                "through the driver and through Triton's launcher; the two kernel launches that call makes, "
+                "prepared (direct, and through Triton's compiled handle) and unprepared; one allocation of the "
+                "call's intermediate; one trivial driver call (cuCtxGetCurrent) for scale; eager_module_paths: "
+                "host and GPU microseconds of one eager forward_with_base of a qkv and an o module with "
+                "--vlora-lora-gemm on and off",
         "device": torch.cuda.get_device_name(0),
-        "command": " ".join(["python", "bench/layer_cost.py", *sys.argv[1:]]),
         "host_us": host,
         "eager_module_paths": paths,
-        "provenance": provenance.record(env),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out / (tag + '.json')}")
+    path = provenance.write_results(out, tag, doc, "bench/layer_cost.py", sys.argv[1:])
+    print(f"wrote {path}")
 
 
 def main() -> None:

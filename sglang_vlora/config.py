@@ -21,6 +21,18 @@ ATMM_IMPLS = ("auto", "torch")
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
 SHRINK_IN_GEMM = ("auto", "on", "off")
 LORA_GEMM = ("off", "on")
+# Prepared ATMM launches go straight to the CUDA driver (atmm.driver_launch) unless this is
+# "0": Triton's launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
+DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
+
+
+def direct_launch_setting() -> bool:
+    """``SGLANG_VLORA_DIRECT_LAUNCH``: unset or ``1`` on, ``0`` off; anything else is refused
+    (a ``false`` that silently meant on would hide which launcher a measurement used)."""
+    value = os.environ.get(DIRECT_LAUNCH_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ def turn_on_from_args(rt: VLoRARuntime, args: argparse.Namespace) -> None:
     LoRA and CPU defaults."""
     try:
         cfg = vlora_config.VLoRAConfig.from_args(args)
+        vlora_config.direct_launch_setting()  # read again where the kernels launch; refused here first
     except ValueError as exc:
         raise SystemExit(f"sglang-vlora: {exc}") from exc
     activate(rt, cfg)

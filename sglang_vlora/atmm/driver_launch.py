@@ -7,7 +7,7 @@ forward of a 7B model, and that forward is bound by its host time (``docs/perf.m
 :class:`DirectLaunch` packs the kernel's parameters once, in the layout the compiled kernel
 declares, and per launch only writes the leading pointers (the activations, weights and
 outputs that change from layer to layer) and calls the driver. On the benchmark H200's
-host that saves about 2 us of a launch's 11-15 us; the rest is the driver's own
+host that saves about 2 us of a launch's 11-16 us; the rest is the driver's own
 ``cuLaunchKernel`` (``bench/layer_cost.py --host-only``).
 
 The layout comes from the kernel's own PTX entry (``.param`` declarations), matched

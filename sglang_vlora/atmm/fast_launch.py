@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,12 +31,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang_vlora.atmm import driver_launch
 from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
+from sglang_vlora.config import DIRECT_LAUNCH_ENV, direct_launch_setting
 
 logger = logging.getLogger(__name__)
-
-# Prepared launches go straight to the driver (driver_launch) unless this is "0": Triton's
-# launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
-DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
 
 _INT32 = range(-(2**31), 2**31)
 
@@ -83,7 +79,7 @@ class FastLauncher:
         self._compiled: dict[tuple, Any] = {}
         # per compiled kernel (by id; they stay in _compiled): its driver_launch layout, or why none
         self._layouts: dict[int, driver_launch.KernelLayout | str] = {}
-        self.direct = os.environ.get(DIRECT_LAUNCH_ENV, "1") != "0"
+        self.direct = direct_launch_setting()
 
     def check(self, args: tuple, constexprs: dict[str, Any]) -> None:
         if len(args) != self.num_runtime or tuple(constexprs) != self.constexpr_names:

@@ -425,8 +425,8 @@ def _apply_plan(x, a_buffer, b_buffer, items: WorkItems, slice_offsets: tuple[in
     _check_shrink_shapes(x, a_buffer)
     # One intermediate for every layer of the batch: each layer's expand reads it before the
     # next layer's shrink writes it, in the order of the one stream an eager forward runs on.
-    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, impl, one_output=True)
     inter = torch.empty((items.total_rows, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, impl, output=inter)
     expand = _expand_plan(inter, b_buffer, items, slice_offsets, output, impl)
 
     def run(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
@@ -450,12 +450,12 @@ def _shrink_kernel(
 
 
 def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool, impl: str,
-                 at_positions: bool = False, one_output: bool = False) -> Callable:
+                 at_positions: bool = False, output: torch.Tensor | None = None) -> Callable:
     """``plan(x, a_buffer) -> intermediate`` for this shape and batch. ``at_positions``: each
     item's rows start at its segment's first position (``[x.shape[0], width]``, items that do not
     overlap; rows no item covers are left unset), Triton only; else at its ``row_starts``.
-    ``one_output``: with the Triton kernel, every call returns the same intermediate tensor
-    (the caller reads it before the next call writes it); else each call a new one."""
+    ``output``: the Triton kernel writes every call's intermediate into this ``[rows, width]``
+    tensor (the caller reads it before the next call writes it); else each call gets a new one."""
     from sglang_vlora.atmm import triton_kernels
 
     dims = (x.shape[1], num_slices * _items_max_rank(items), x.shape[0])
@@ -464,7 +464,7 @@ def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool
     if which != "triton":
         return lambda x, a: _launch_shrink(x, a, items, num_slices, rows, cfg, zero_fill, which)
     alloc = torch.zeros if zero_fill else torch.empty
-    inter = alloc((rows, width), dtype=x.dtype, device=x.device)
+    inter = output if output is not None else alloc((rows, width), dtype=x.dtype, device=x.device)
     args = (x, a_buffer, inter, items.seg_starts, items.seg_lens, items.slots,
             items.seg_starts if at_positions else items.row_starts, items.ranks,
             _kernel_permutation(items, x.shape[0]), num_slices, rows)
@@ -473,7 +473,7 @@ def _shrink_plan(x, a_buffer, items: WorkItems, num_slices: int, zero_fill: bool
     prepared = triton_kernels.prepare_shrink(*args, cfg)
 
     def run(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        out = inter if one_output else alloc((rows, width), dtype=x.dtype, device=x.device)
+        out = output if output is not None else alloc((rows, width), dtype=x.dtype, device=x.device)
         prepared(x, a, out)
         return out
 

@@ -198,3 +198,15 @@ def test_runner_falls_back_to_tritons_handle(shrink) -> None:
     run(100, 200, stream=3)
     assert seen == [((5, 1, 1), (100, 200, 7, 8), 3)]
     assert launcher.direct_count() == 0
+
+
+def test_the_switch_takes_0_or_1_only(monkeypatch) -> None:
+    from sglang_vlora.config import DIRECT_LAUNCH_ENV, direct_launch_setting
+
+    monkeypatch.delenv(DIRECT_LAUNCH_ENV, raising=False)
+    assert direct_launch_setting() is True
+    monkeypatch.setenv(DIRECT_LAUNCH_ENV, "0")
+    assert direct_launch_setting() is False and FastLauncher(triton_kernels._shrink_kernel).direct is False
+    monkeypatch.setenv(DIRECT_LAUNCH_ENV, "false")
+    with pytest.raises(ValueError, match="must be 0 or 1, got 'false'"):
+        FastLauncher(triton_kernels._shrink_kernel)

@@ -41,8 +41,9 @@ print(json.dumps({
 BASE_ARGS = ["--model-path", "some/model", "--lora-paths", "a=some/adapter"]
 
 
-def probe(argv: list[str], only_sglang_plugins: bool = False) -> dict:
+def probe(argv: list[str], only_sglang_plugins: bool = False, extra_env: dict[str, str] | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_VLORA", "SGLANG_USE_CPU", "SGLANG_PLUGINS"))}
+    env.update(extra_env or {})
     if only_sglang_plugins:
         env["SGLANG_PLUGINS"] = "none-installed"  # a whitelist that excludes ours
     out = subprocess.run(
@@ -126,6 +127,11 @@ def test_bad_option_value_is_refused():
 def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
     result = probe(["--plugin", "vlora", *flags, *BASE_ARGS])
     assert reason in result.get("exit", ""), result
+
+
+def test_a_bad_direct_launch_switch_is_refused_at_launch():
+    result = probe(["--plugin", "vlora", *BASE_ARGS], extra_env={"SGLANG_VLORA_DIRECT_LAUNCH": "false"})
+    assert "SGLANG_VLORA_DIRECT_LAUNCH must be 0 or 1, got 'false'" in result.get("exit", ""), result
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--vlora-admission", "fifo"), ("--vlora-keep-merged", "always")])
