@@ -111,6 +111,7 @@ BELOW_MAX_BATCH = "below_max_batch"  # more than half of those in flight, but at
 STARVING = "starving"  # the top adapter has more than half of max batch, but over half starve elsewhere (dLoRA: any)
 KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch budget kept the current ones
 KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
+FREE_SLOT = "free_slot"  # the adapter to merge found no pool slot and nothing runs: unmerge to free one
 KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
 NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most half of the recent arrivals
 # The comparison policies (baselines.py):
@@ -127,6 +128,7 @@ DECISION_REASONS = (
     STARVING,
     KEPT_SWITCH_BUDGET,
     KEPT_NO_SLOT,
+    FREE_SLOT,
     KEPT_PLURALITY,
     NOT_POPULAR,
     SERVE_ONE_ADAPTER,
@@ -438,9 +440,14 @@ class VLoRAPolicy(SchedulingPolicy):
             reason = NOT_POPULAR if line5 else majority_reason(state, self.config, top_requests) or STARVING
         # Other weights wanted: the current ones stay when the adapter to merge finds no pool
         # slot, or when switching now would exceed the switch budget (they serve the same
-        # admissions: mixture serves any request).
+        # admissions: mixture serves any request). With nothing running, kept weights whose
+        # adapter fills the last slot would admit no request of the wanted one, ever: unmerging
+        # (always possible) frees the slot, and the next decision can merge.
         if not fits_in_slots(state, self.config, adapter):
-            adapter, reason = state.merged, KEPT_NO_SLOT
+            if state.running:
+                adapter, reason = state.merged, KEPT_NO_SLOT
+            else:
+                adapter, order, reason = None, starving_first(starving, state.requests, state), FREE_SLOT
         elif not within_switch_budget(state, self.config, self.cost, adapter):
             adapter, reason = state.merged, KEPT_SWITCH_BUDGET
         return Plan(adapter, order, reason)

@@ -21,6 +21,7 @@ from sglang_vlora.orchestrator.policy import (
     BELOW_MAX_BATCH,
     DRAIN_MERGED,
     DRAIN_UNMERGED,
+    FREE_SLOT,
     IDLE,
     KEPT_NO_SLOT,
     KEPT_PLURALITY,
@@ -120,6 +121,16 @@ def test_kept_no_slot_when_the_adapter_to_merge_finds_no_pool_slot():
     over_budget = dataclasses.replace(current, last_switch=1.0)
     assert decide("vlora", over_budget, max_batch=4, adapter_slots=2).reason == KEPT_NO_SLOT
     assert decide("vlora", current, max_batch=4, adapter_slots=3).reason == MERGE
+
+
+def test_free_slot_when_nothing_runs_and_the_merged_adapter_holds_the_last_slot():
+    """a merged in the only pool slot, one request of b waiting, nothing running: keeping a
+    would admit nothing, ever (the GPU idle with a request waiting). The weights unmerge,
+    which frees the slot, and b's request is admitted."""
+    current = state(1.0, [req("b1", "b", 1.0)], [], Mode.MERGE, "a")
+    freed = decide("vlora", current, max_batch=1, adapter_slots=1)
+    assert (freed.mode, freed.adapter, freed.reason, freed.admit) == (Mode.UNMERGE, None, FREE_SLOT, ("b1",))
+    assert decide("vlora", current, max_batch=1, adapter_slots=2).reason == MERGE
 
 
 def test_kept_plurality_when_the_merged_adapter_is_still_the_most_requested():
