@@ -184,12 +184,24 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
     return result
 
 
-def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int = 100) -> list[dict]:
+# The eager paths of eager_module_paths: (setting, config options, the batches_by_layout entry it counts)
+EAGER_PATHS = {
+    "on": ({"lora_gemm": "on", "lora_gemm_min_tokens": 1}, "eager_lora_gemm"),
+    "in_gemm": ({"lora_gemm": "off"}, "eager_in_gemm"),
+    "off": ({"lora_gemm": "off", "eager_in_gemm_max_tokens": 0}, None),
+}
+
+
+def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls: int = 100,
+                       slots: int = 8) -> list[dict]:
     """Per LoRA module of a Qwen2-VL-7B layer (qkv with bias, o without; one rank-64 adapter over
-    the whole batch; the layer holding the appended-rows stack), host and GPU microseconds of one
-    eager ``forward_with_base`` call of the ``atmm`` backend two ways: ``--vlora-lora-gemm on``
-    (``ops.lora_apply_gemm``: the shrink, then ATMM's GEMM with the LoRA in its accumulator) and
-    ``off`` (SGLang's base GEMM, here ``F.linear``, then ``ops.lora_apply``). Host: the GPU kept
+    the whole batch; a pool of ``slots`` slots, SGLang's default 8, appended to the base weight),
+    host and GPU microseconds of one eager ``forward_with_base`` call of the ``atmm`` backend
+    three ways: ``on``, ``--vlora-lora-gemm on`` (``ops.lora_apply_gemm``: the shrink, then
+    ATMM's GEMM with the LoRA in its accumulator); ``in_gemm``, the shrink inside the base GEMM
+    over every slot's appended rows, then one expand (``ops.lora_apply_in_gemm``, the default up
+    to ``--vlora-eager-in-gemm-max-tokens``, here set to the batch's tokens); ``off``, SGLang's
+    base GEMM (here ``F.linear``), then ``ops.lora_apply``'s shrink and expand. Host: the GPU kept
     busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back."""
     import functools
     from types import SimpleNamespace
@@ -210,8 +222,8 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int =
     for name, (widths, has_bias) in modules.items():
         offsets = (0, *widths)
         n, s = widths[-1], len(widths)
-        a = torch.randn(2, s * RANK, HIDDEN, device=dev, dtype=dtype, generator=g) * HIDDEN**-0.5
-        b = torch.randn(2, n, RANK, device=dev, dtype=dtype, generator=g) * RANK**-0.5
+        a = torch.randn(slots, s * RANK, HIDDEN, device=dev, dtype=dtype, generator=g) * HIDDEN**-0.5
+        b = torch.randn(slots, n, RANK, device=dev, dtype=dtype, generator=g) * RANK**-0.5
         w = torch.randn(n, HIDDEN, device=dev, dtype=dtype, generator=g) * HIDDEN**-0.5
         bias = torch.randn(n, device=dev, dtype=dtype, generator=g) if has_bias else None
         stack = torch.cat([w, a.reshape(-1, HIDDEN)])
@@ -225,19 +237,22 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 4096), calls: int =
                                     extend_seq_lens=torch.tensor([tokens], dtype=torch.int32),
                                     extend_seq_lens_cpu=[tokens])
             row = {"module": name, "tokens": tokens}
-            for setting in ("on", "off"):
-                runtime = VLoRARuntime(VLoRAConfig(lora_gemm=setting, lora_gemm_min_tokens=1))
-                backend = ATMMLoRABackend(max_loras_per_batch=2, device=dev, runtime=runtime)
+            ranks, scalings = [0] + [RANK] * (slots - 1), [0.0] + [2.0] * (slots - 1)
+            for setting, (options, layout) in EAGER_PATHS.items():
+                options = {"eager_in_gemm_max_tokens": tokens, **options}
+                runtime = VLoRARuntime(VLoRAConfig(**options))
+                backend = ATMMLoRABackend(max_loras_per_batch=slots, device=dev, runtime=runtime)
                 backend.shrink_in_gemm = True
-                backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
+                backend.prepare_lora_batch(batch, [1], ranks, scalings, use_cuda_graph=False)
                 call = functools.partial(backend.forward_with_base, layer, x,
                                          functools.partial(torch.nn.functional.linear, x, base_w, base_b),
                                          pool_a, b, None, offsets)
                 for _ in range(5):
                     call()
                 torch.cuda.synchronize()
-                if (setting == "on") != (backend.batches_by_layout["eager_lora_gemm"] == 1):
-                    raise RuntimeError(f"{name} {tokens}: --vlora-lora-gemm {setting} ran the other path")
+                counts = backend.batches_by_layout
+                if any(counts[k] != (k == layout) for k in ("eager_lora_gemm", "eager_in_gemm")):
+                    raise RuntimeError(f"{name} {tokens}: eager path {setting} ran another path ({counts})")
                 gpu, host = time_calls(call, calls)
                 row[setting] = {"host_us": round(host, 1), "gpu_us": round(gpu, 1)}
             result.append(row)
@@ -274,8 +289,8 @@ def write_host_cost(out: Path, tag: str) -> None:
     print(f"host per eager call (us): {host}")
     paths = eager_module_paths()
     for r in paths:
-        print(f"{r['module']:3} {r['tokens']:5d} tokens: lora-gemm on host {r['on']['host_us']:6.1f} us "
-              f"GPU {r['on']['gpu_us']:7.1f} us | off host {r['off']['host_us']:6.1f} us GPU {r['off']['gpu_us']:7.1f} us")
+        print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
+            f"{way} host {r[way]['host_us']:6.1f} us GPU {r[way]['gpu_us']:7.1f} us" for way in EAGER_PATHS))
     doc = {
         "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits, "
                 "medians of rounds in which the ways take turns: one prepare_lora_batch of a 1024-token, "
@@ -283,8 +298,9 @@ def write_host_cost(out: Path, tag: str) -> None:
                 "through the driver and through Triton's launcher; the two kernel launches that call makes, "
                 "prepared (direct, and through Triton's compiled handle) and unprepared; one allocation of the "
                 "call's intermediate; one trivial driver call (cuCtxGetCurrent) for scale; eager_module_paths: "
-                "host and GPU microseconds of one eager forward_with_base of a qkv and an o module with "
-                "--vlora-lora-gemm on and off",
+                "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (8 pool "
+                "slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
+                "one expand) and off (the base GEMM, then the shrink and the expand)",
         "device": torch.cuda.get_device_name(0),
         "host_us": host,
         "eager_module_paths": paths,

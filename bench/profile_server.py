@@ -88,6 +88,9 @@ SYSTEMS = {
     "atmm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
     # the same server with ATMM's prepared launches through Triton's launcher, not the driver
     "atmm_triton_launch": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
+    # the same server with eager batches' shrink as its own kernel, not inside the base GEMM
+    "atmm_separate_shrink": ["--plugin", "vlora", "--vlora-policy", "unmerge-only",
+                             "--vlora-eager-in-gemm-max-tokens", "0"],
     "vlora": ["--plugin", "vlora"],
 }
 SYSTEM_ENV = {"atmm_triton_launch": {"SGLANG_VLORA_DIRECT_LAUNCH": "0"}}
@@ -551,6 +554,10 @@ def main() -> None:
                     stop_samplers(samplers)
                     results["host_samples"][scenario] = sampled_host_time(args.out, scenario, list(pids),
                                                                           args.sample_host, args.interleaved)
+            # Which layouts the plugin's servers ran their batches in (eager, eager_in_gemm, graphs).
+            results["lora_batches"] = {name: httpx.get(url + "/vlora/status", timeout=30).json().get("lora_batches")
+                                       for name, url in urls.items() if "--plugin" in SYSTEMS[name]}
+            print("lora_batches", json.dumps(results["lora_batches"]), flush=True)
             if TIME_STATS_FLAG in shlex.split(args.extra):
                 add_server_forward_times(results["interleaved_latency"],
                                          {name: _read_log(args.out / f"server_{name}.log") for name in servers})

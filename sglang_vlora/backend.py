@@ -11,7 +11,13 @@ and runs every LoRA-wrapped layer through :mod:`sglang_vlora.atmm.ops`.
 Two batch layouts, one item builder:
 
 * eager (prefill, decode without graphs): the items as :class:`WorkItems`; the
-  kernels' grids come from their host copies.
+  kernels' grids come from their host copies. On the layers whose base weight carries the
+  pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at most
+  ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as graph
+  batches do, from static items allocated once and filled per batch
+  (``ops.lora_apply_in_gemm``): one launch a module where the separate shrink takes two, and
+  the expand's prepared launch is kept across batches of the same token count. An eager
+  forward is bound by the host's kernel launches (docs/perf.md).
 * CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
   written by :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers
   allocated once per graph family (capacity: the most items any mode gives for the
@@ -49,6 +55,7 @@ from sglang_vlora import in_gemm_weights
 from sglang_vlora.atmm import gemm_lora, ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
+from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -68,6 +75,9 @@ SIDE_STREAM_MAX_TOKENS = 256
 # rank: faster than the eager shrink and expand in every prefill cell of ranks 8-64 of the H200
 # kernel runs, slower at 128 (docs/atmm.md).
 LORA_GEMM_MAX_RANK = 64
+# Prepared in-GEMM expand launches kept across eager batches (by token count and module shape);
+# past this many the cache starts over.
+EAGER_IN_GEMM_PLANS = 256
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
 _profile_range = (
@@ -171,7 +181,16 @@ class ATMMLoRABackend(BaseLoRABackend):
         self._eager_compiles_done: set[tuple] = set()
         # Batches prepared, by the layout they were written for (a graph batch is replayed
         # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
-        self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0, "eager_lora_gemm": 0}
+        self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0, "eager_lora_gemm": 0,
+                                  "eager_in_gemm": 0}
+        # Eager batches of at most this many tokens compute the shrink inside the base GEMM too, on
+        # the layers with the appended rows (one launch a module fewer); their items go into
+        # static buffers allocated once, so the prepared expand launches serve every later batch.
+        self.eager_in_gemm_max_tokens = (cfg.eager_in_gemm_max_tokens if cfg is not None
+                                         else VLoRAConfig.eager_in_gemm_max_tokens)
+        self.eager_static: StaticWorkItems | None = None
+        self.eager_in_gemm = False  # whether the prepared batch runs it
+        self._eager_in_gemm_plans: dict[tuple, object] = {}
         # An eager batch's items in the tokens' order (no permutation) for ops.lora_apply_gemm, on
         # the layers with the appended-rows stack; None where that op does not run (--vlora-lora-gemm).
         self.gemm_items: WorkItems | None = None
@@ -274,6 +293,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
         if graph is not None:
             self.gemm_items = None
+            self.eager_in_gemm = False
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
             if graph == "prefill":
@@ -299,7 +319,20 @@ class ATMMLoRABackend(BaseLoRABackend):
             starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
         )
         self._count_work(self.work_items.num_items, "eager")
+        num_tokens = sum(seq_lens)
+        self.eager_in_gemm = (self.shrink_in_gemm and self.gemm_items is None and self.has_lora_work
+                              and num_tokens <= self.eager_in_gemm_max_tokens)
+        if self.eager_in_gemm:
+            self._eager_static_items().fill(self.work_items, num_tokens, permutation)
+            self.batches_by_layout["eager_in_gemm"] += 1
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    def _eager_static_items(self) -> StaticWorkItems:
+        """The eager in-GEMM batches' items: static buffers for up to ``eager_in_gemm_max_tokens``
+        tokens, allocated at the first such batch and never moved."""
+        if self.eager_static is None:
+            self.eager_static = self._allocate_static(self.eager_in_gemm_max_tokens, self.eager_in_gemm_max_tokens)
+        return self.eager_static
 
     def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets,
                              layer=None) -> None:
@@ -331,6 +364,10 @@ class ATMMLoRABackend(BaseLoRABackend):
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
                 gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
+            if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
+                extended = torch.empty((offsets[-1] + lora_a.shape[0] * lora_a.shape[1], k), dtype=dtype,
+                                       device=self.device)
+                ops.compile_in_gemm(x, extended, offsets[-1], lora_b, self._eager_static_items(), list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 
@@ -411,6 +448,15 @@ class ATMMLoRABackend(BaseLoRABackend):
             output = self._lora_gemm(layer, x, lora_a, lora_b, slice_offsets)
             if output is not None:
                 return output
+        if self.eager_in_gemm:
+            fused = getattr(layer, in_gemm_weights.ATTR, None)
+            if fused is not None:
+                if len(self._eager_in_gemm_plans) >= EAGER_IN_GEMM_PLANS:
+                    self._eager_in_gemm_plans.clear()
+                with _profile_range("vlora.eager_lora"):
+                    return ops.lora_apply_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
+                                                  self.eager_static, slice_offsets, self._eager_in_gemm_plans,
+                                                  self.impl)
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
         output = base_fn()

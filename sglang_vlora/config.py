@@ -69,10 +69,15 @@ class VLoRAConfig:
     # Largest image a request may send, in pixels (width x height), checked from the image's
     # header before it is decoded. 32 Mi pixels: an 8192 x 4096 image.
     max_image_pixels: int = 32 * 1024 * 1024
-    # Graph batches' shrink inside the base GEMM, the pool's A rows appended to the base weights
+    # Graph batches' (and small eager batches') shrink inside the base GEMM, the pool's A rows appended to the base weights
     # (sglang_vlora.in_gemm_weights): "auto" where eligible on a GPU and the appended rows are at
     # most half the module's own; "on" wherever eligible (any device, any row count); "off" never.
     shrink_in_gemm: str = "auto"
+    # Eager batches (prefills without prefill graphs or above their largest, decode batches
+    # above the decode graphs') of at most this many tokens compute the shrink inside the base
+    # GEMM as graph batches do, on the layers with the appended rows: one launch a module fewer
+    # (an eager forward is bound by the host's launches). 0: eager batches keep their own shrink.
+    eager_in_gemm_max_tokens: int = 2048
     # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "on" for unmerged
     # eager batches of at least lora_gemm_min_tokens tokens, on layers with the appended-rows
     # stack (shrink_in_gemm), where the op supports the operands; "off" (default) never: on
@@ -99,6 +104,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-max-image-pixels must be >= 1, got {self.max_image_pixels}")
         if self.shrink_in_gemm not in SHRINK_IN_GEMM:
             raise ValueError(f"--vlora-shrink-in-gemm must be one of {SHRINK_IN_GEMM}, got {self.shrink_in_gemm!r}")
+        if self.eager_in_gemm_max_tokens < 0:
+            raise ValueError(f"--vlora-eager-in-gemm-max-tokens must be >= 0, got {self.eager_in_gemm_max_tokens}")
         if self.lora_gemm not in LORA_GEMM:
             raise ValueError(f"--vlora-lora-gemm must be one of {LORA_GEMM}, got {self.lora_gemm!r}")
         if self.lora_gemm_min_tokens < 1:
@@ -135,6 +142,7 @@ class VLoRAConfig:
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
             shrink_in_gemm=args.vlora_shrink_in_gemm,
+            eager_in_gemm_max_tokens=args.vlora_eager_in_gemm_max_tokens,
             lora_gemm=args.vlora_lora_gemm,
             lora_gemm_min_tokens=args.vlora_lora_gemm_min_tokens,
         )
@@ -228,10 +236,20 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--vlora-shrink-in-gemm",
         choices=SHRINK_IN_GEMM,
         default=defaults.shrink_in_gemm,
-        help="CUDA-graph batches compute the LoRA shrink inside the base GEMM, the adapter pool's A "
+        help="CUDA-graph batches (and eager batches up to --vlora-eager-in-gemm-max-tokens) compute the "
+        "LoRA shrink inside the base GEMM, the adapter pool's A "
         "rows appended to the base weights (tensor parallelism 1, unquantized weights): auto (default) "
         "where the appended rows are at most half the module's own, on a GPU; on: wherever possible; "
         "off: never (the shrink runs as its own kernel).",
+    )
+    group.add_argument(
+        "--vlora-eager-in-gemm-max-tokens",
+        type=int,
+        default=defaults.eager_in_gemm_max_tokens,
+        metavar="N",
+        help="Eager batches of at most N tokens compute the LoRA shrink inside the base GEMM too, on the "
+        "layers that have the appended rows of --vlora-shrink-in-gemm (one kernel launch a module fewer); "
+        "0: eager batches run the shrink as its own kernel (default 2048).",
     )
     group.add_argument(
         "--vlora-lora-gemm",

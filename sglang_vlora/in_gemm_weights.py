@@ -7,15 +7,16 @@ graphs): the mode controller stacks each eligible module kind's base weights wit
 the rows (:meth:`~sglang_vlora.modes.controller.ModeController.stack_weights`), and
 :func:`attach` makes the pool's A buffers views of those rows, so SGLang's adapter loads and
 slot clears write them in place, and gives each layer its :class:`InGemmWeights`. The base
-weight stays a view of the same storage, so merges (the switcher) and the eager path, which
-keeps its own shrink kernel, see the same tensors as before.
+weight stays a view of the same storage, so merges (the switcher) and eager batches that keep
+their own shrink kernel (above ``--vlora-eager-in-gemm-max-tokens`` tokens) see the same
+tensors as before; smaller eager batches use the rows as graph batches do.
 
 Eligible: tensor parallelism 1 (the A rows then see the whole input, as the base weight does),
 plain unquantized linear layers (SGLang's ``UnquantizedLinearMethod``: its GEMM is what the
 one over the extended weight replaces; the extended GEMM is torch's ``F.linear``, that
 method's default path), a 3-D pool buffer per layer. Kinds left out are logged with the
 reason (a warning under ``on``). With ``auto`` the kind
-must also be on a GPU (only graph batches use the rows) and its appended rows at most
+must also be on a GPU and its appended rows at most
 :data:`AUTO_MAX_EXTRA_SHARE` of its own: every token pays for every slot's rows. The share is
 a guard, not a measured break-even: on the H200 the rows still paid off at a third of q/k/v's
 (8 slots, rank 64; docs/perf.md).

@@ -262,6 +262,75 @@ def lora_apply_static_in_gemm(
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
 
 
+def lora_apply_in_gemm(
+    x: torch.Tensor,
+    weight_ext: torch.Tensor,
+    bias_ext: torch.Tensor | None,
+    out_features: int,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    plans: dict,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """:func:`lora_apply_static_in_gemm` for an eager batch: the same GEMM over the base weight
+    and the pool's A rows, then one expand launch into a new contiguous output, where the
+    separate shrink would take a second launch. ``items``: static items the caller allocated
+    once (``covers_tokens``) and filled for this batch, so a launch prepared for one token count
+    and module shape stays right for every later batch; ``plans`` keeps them across batches
+    (the caller owns and bounds it). The torch form is the graph path's."""
+    if _static_torch(x, impl):
+        return lora_apply_static_in_gemm(x, weight_ext, bias_ext, out_features, b_buffer, items, slice_offsets, impl)
+    if not items.covers_tokens:
+        raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
+    y = torch.nn.functional.linear(x, weight_ext, bias_ext)
+    inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
+    output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
+    key = (x.shape[0], y.dtype, y.stride(), out_features, tuple(b_buffer.shape), b_buffer.stride(),
+           tuple(slice_offsets))
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout)
+    plan(inter, b_buffer, output, layout.base)
+    return output
+
+
+def compile_in_gemm(x: torch.Tensor, weight_ext: torch.Tensor, out_features: int, b_buffer: torch.Tensor,
+                    items: StaticWorkItems, slice_offsets: list[int]) -> None:
+    """Compile the in-GEMM expand of this module shape for every config the table may pick at
+    any token count (:func:`lora_apply_in_gemm` does at its first plan), launching nothing."""
+    if _static_torch(x, "auto"):
+        return
+    y = torch.empty((x.shape[0], weight_ext.shape[0]), dtype=x.dtype, device=x.device)
+    inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
+    output = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
+    _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout)
+
+
+def _in_gemm_expand_plan(inter, b_buffer, items: StaticWorkItems, slice_offsets: tuple[int, ...], output,
+                         layout: in_gemm.InGemmLayout) -> Callable:
+    """``plan(inter, b_buffer, output, base)``: the in-GEMM expand of this token count and module
+    shape over ``items``' buffers (whatever they are filled with), every table config compiled."""
+    from sglang_vlora.atmm import triton_kernels
+
+    num_slices = len(slice_offsets) - 1
+    m, rank = output.shape[0], b_buffer.shape[2]
+    cfg = _pick("expand_in_gemm", output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
+    layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
+    args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
+            layers, num_layers, items.ranks, items.permutation, slice_offsets, m)
+    key = {"n": slice_offsets[-1], "s": num_slices, "r": rank}
+    _compile_table_configs("expand_in_gemm", key, output, lambda c: triton_kernels.launch_expand(
+        *args, c, compile_only=True, partners=partners, in_gemm=layout))
+    prepared = triton_kernels.prepare_expand(*args, cfg, partners=partners, in_gemm=layout)
+
+    def run(inter: torch.Tensor, b: torch.Tensor, out: torch.Tensor, base: torch.Tensor) -> None:
+        for launch in prepared:
+            launch(inter, b, out, base)
+
+    return run
+
+
 def lora_shrink_static(
     x: torch.Tensor,
     a_buffer: torch.Tensor,

@@ -560,12 +560,14 @@ def prepare_expand(
     row_bound: int,
     config: ExpandConfig,
     partners: torch.Tensor | None = None,
+    in_gemm: InGemmLayout | None = None,
 ) -> list[PreparedLaunch]:
     """:func:`launch_expand` with these arguments, prepared: one launch per overlap layer,
-    each called as ``prepared(inter, b_buffer, output, output)`` (the fourth is the base the
-    kernel reads: the output itself, updated in place)."""
+    each called as ``prepared(inter, b_buffer, output, base)``, where ``base`` is the tensor
+    the kernel reads the base from: the output itself, updated in place, or with ``in_gemm``
+    the base columns of the GEMM's output (``in_gemm.base``'s shape and strides)."""
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
-                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners)
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners, in_gemm)
     return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=4) for call in calls]
 
 

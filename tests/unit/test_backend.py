@@ -241,12 +241,81 @@ def test_graph_path_with_the_shrink_in_the_gemm_replays_any_mode(impl):
         expected[: len(slots)] += mode_reference(x[: len(slots)], a, b, slots, slices, merged)[0]
         assert got.is_contiguous() and got.shape == base.shape
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
-    # Eager batches keep the base GEMM and their own shrink.
+    # Eager batches (test_eager_batches_compute_the_shrink_in_the_gemm has them) take the same result.
     backend.prepare_lora_batch(extend_batch([3]), [1], SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
     x = torch.randn(3, D_IN, generator=g)
     eager = backend.forward_with_base(layer, x, lambda: x @ w.T + bias, a, b, None, tuple(offsets))
     expected = x.double() @ w.double().T + bias.double() + reference(x, a, b, [1, 1, 1], slices)[0]
     torch.testing.assert_close(eager.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+# (label, merged slot, (tokens, slot) per request) of consecutive eager batches
+EAGER_BATCHES = [
+    ("unmerge: requests of one adapter apart (permuted), the no-adapter slot", None,
+     [(5, 1), (3, 3), (4, 1), (2, 0), (6, 2)]),
+    ("unmerge: the same token count again, other adapters", None, [(10, 3), (10, 2)]),
+    ("mixture: k between the others, base-only requests", 2, [(4, 1), (3, 2), (6, 0), (2, 3), (5, 2)]),
+    ("merge: only k's requests, no work: the usual path", 2, [(7, 2)]),
+    ("unmerge: fewer items than before, stale entries left", None, [(9, 3)]),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: "triton" if i == "auto" else i)
+def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
+    """Eager batches of at most ``--vlora-eager-in-gemm-max-tokens`` tokens run a layer with the
+    appended rows as graph batches do: one GEMM over the base weight and the pool's A rows, one
+    expand into a new output (SGLang's base GEMM not run), from static buffers allocated once
+    and filled per batch. Every batch of EAGER_BATCHES in turn, in unmerge, mixture and merge,
+    against fp64 with NaN past every rank; a layer without the rows and a batch above the
+    limit take the usual path; the limit 0 turns it off."""
+    slices = [12, 6, 6]
+    a, b, w, bias, layer = stacked_layer(slices, seed=31)
+    g = torch.Generator().manual_seed(32)
+    rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=20))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl, runtime=rt)
+    backend.shrink_in_gemm = True
+    offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
+
+    def base_of(x):
+        return x.double() @ w.double().T + bias.double()
+
+    buffers, ran = None, 0
+    for label, merged, requests in EAGER_BATCHES:
+        rt.controller = FakeController(merged)
+        lens, slots = [n for n, _ in requests], [s for _, s in requests]
+        backend.prepare_lora_batch(extend_batch(lens), slots, list(SLOTS_RANKS), list(SCALINGS), use_cuda_graph=False)
+        token_slots = [s for n, s in requests for _ in range(n)]
+        x = torch.randn(sum(lens), D_IN, generator=g)
+        expected = base_of(x) + mode_reference(x, a, b, token_slots, slices, merged)[0]
+        has_work = backend.has_lora_work
+        assert backend.eager_in_gemm == has_work, label
+        ran += has_work
+        base_fn = (lambda: pytest.fail("SGLang's base GEMM ran")) if has_work else (lambda x=x: x @ w.T + bias)
+        got = backend.forward_with_base(layer, x, base_fn, a, b, None, offsets)
+        assert got.is_contiguous(), label
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
+        # A layer without the appended rows, in the same batch: the base GEMM, then the shrink and expand.
+        plain = backend.forward_with_base(SimpleNamespace(), x, lambda x=x: x @ w.T + bias, a, b, None, offsets)
+        torch.testing.assert_close(plain.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
+        if has_work:
+            static = backend.eager_static
+            buffers = buffers or (static.packed.data_ptr(), static.permutation.data_ptr())
+            assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
+    assert backend.batches_by_layout["eager_in_gemm"] == ran == 4
+
+    # Above the limit, and with the limit 0: the usual path, with SGLang's base GEMM.
+    for limit, lens in ((20, [15, 6]), (0, [4])):
+        rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=limit), controller=FakeController(None))
+        backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl,
+                                  runtime=rt)
+        backend.shrink_in_gemm = True
+        backend.prepare_lora_batch(extend_batch(lens), [1, 3][: len(lens)], SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
+        assert not backend.eager_in_gemm and backend.eager_static is None
+        x = torch.randn(sum(lens), D_IN, generator=g)
+        got = backend.forward_with_base(layer, x, lambda x=x: x @ w.T + bias, a, b, None, offsets)
+        token_slots = [s for n, s in zip(lens, [1, 3], strict=False) for _ in range(n)]
+        expected = base_of(x) + reference(x, a, b, token_slots, slices)[0]
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_graph_path_matches_eager_path_in_mixture():
@@ -381,7 +450,7 @@ def test_prefill_graph_path_replays_any_batch_in_its_buckets(impl):
         assert static.packed.data_ptr() == buffers, "buffers reallocated"
 
     assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS),
-                                         "eager_lora_gemm": 0}
+                                         "eager_lora_gemm": 0, "eager_in_gemm": 0}
     # A batch above the prefill graph's limits never reaches it (SGLang runs it eagerly): refused.
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS + 1]), [1], SLOTS_RANKS, SCALINGS, False, True)

@@ -75,7 +75,8 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
         "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
         "keep_merged": "plurality", "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
-        "shrink_in_gemm": "auto", "lora_gemm": "off", "lora_gemm_min_tokens": 1024,
+        "shrink_in_gemm": "auto", "eager_in_gemm_max_tokens": 2048, "lora_gemm": "off",
+        "lora_gemm_min_tokens": 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -92,13 +93,14 @@ def test_explicit_flags_win_over_plugin_defaults():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "manual", "--lora-backend", "triton", "--max-total-tokens", "4096",
          "--vlora-atmm-impl", "torch", "--vlora-max-image-pixels", "1000000", "--vlora-lora-gemm", "on",
-         "--vlora-lora-gemm-min-tokens", "4096", *BASE_ARGS]
+         "--vlora-lora-gemm-min-tokens", "4096", "--vlora-eager-in-gemm-max-tokens", "0", *BASE_ARGS]
     )
     assert result["fields"]["lora_backend"] == "triton"
     assert result["fields"]["max_total_tokens"] == 4096
     config = json.loads(result["config_env"])
     assert (config["atmm_impl"], config["max_image_pixels"]) == ("torch", 1000000)
     assert (config["lora_gemm"], config["lora_gemm_min_tokens"]) == ("on", 4096)
+    assert config["eager_in_gemm_max_tokens"] == 0
 
 
 def test_atmm_without_plugin_is_refused():
@@ -158,6 +160,7 @@ def test_unknown_choice_is_refused_by_name(capsys, flag, value):
         ({"shrink_in_gemm": "yes"}, "--vlora-shrink-in-gemm must be one of"),
         ({"lora_gemm": "auto"}, "--vlora-lora-gemm must be one of"),
         ({"lora_gemm_min_tokens": 0}, "--vlora-lora-gemm-min-tokens must be"),
+        ({"eager_in_gemm_max_tokens": -1}, "--vlora-eager-in-gemm-max-tokens must be"),
     ],
 )
 def test_bad_orchestrator_options_are_refused(options, reason):
