@@ -74,7 +74,7 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm():
         backend.shrink_in_gemm = True
         return backend
 
-    in_gemm, separate = backend_with(2048), backend_with(0)
+    in_gemm, separate = backend_with(2048), backend_with(0)  # both batches under the limit
     for round_, requests in enumerate([*BATCHES, BATCHES[0]]):
         lens = [n for n, _ in requests]
         x = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
