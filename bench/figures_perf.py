@@ -106,10 +106,10 @@ def perf_latency(profile: dict[str, Any]) -> str:
     return "\n".join(lines) + f"\n\n{count} requests (batches) per system and scenario, sent one after another."
 
 
-def _interleaved_rows(result: dict[str, Any]) -> list[str]:
+def _interleaved_rows(result: dict[str, Any], labels: tuple[tuple[str, str], ...] = SYSTEMS) -> list[str]:
     rows = []
     for scenario, systems in result["interleaved_latency"].items():
-        for key, label in SYSTEMS:
+        for key, label in labels:
             lat = systems.get(key)
             if lat is None:
                 continue
@@ -135,6 +135,27 @@ def perf_interleaved(first: dict[str, Any], second: dict[str, Any]) -> str:
     return "\n".join(lines) + ("\n\nFirst call: four systems, 60 rounds; second call (the last rows): three systems, "
                                "100 rounds of prefill1, every server logging its request time stats (the server's forward: SGLang's "
                                "`forward_duration` of those requests, `profile_server.py --reread`).")
+
+
+@block("perf-eager-in-gemm", "host_cost_eager_in_gemm_h200.json", "latency_eager_in_gemm_h200.json")
+def perf_eager_in_gemm(host: dict[str, Any], latency: dict[str, Any]) -> str:
+    """Eager batches with the shrink inside the base GEMM: one module call three ways
+    (``layer_cost.py --host-only``), then lone prefills with the systems taking turns."""
+    lines = ["| module | tokens | in the GEMM: host us / GPU us | separate shrink: host us / GPU us "
+             "| `--vlora-lora-gemm on`: host us / GPU us |", "|---|---|---|---|---|"]
+    for r in host["eager_module_paths"]:
+        cells = [f"{r[way]['host_us']:.1f} / {r[way]['gpu_us']:.1f}" for way in ("in_gemm", "off", "on")]
+        lines.append(f"| {r['module']} | {r['tokens']} | {' | '.join(cells)} |")
+    lines += ["", "One eager `forward_with_base` of the module (base GEMM included), 8 pool slots of rank 64 "
+              "appended, one adapter over the batch; host: the GPU kept busy so no call waits; GPU: CUDA events "
+              "around 100 calls.", ""]
+    lines += ["| scenario | system | rounds | median ms (p25-p75) | over the floor, per round: median (p25 to p75) "
+              "| server's forward, median ms (over the floor) |", "|---|---|---|---|---|---|"]
+    labels = (("nolora", "no LoRA"), ("atmm", "atmm (shrink in the GEMM)"),
+              ("atmm_separate_shrink", "atmm, separate shrink"), ("csgmv", "csgmv"))
+    lines += _interleaved_rows(latency, labels)
+    return "\n".join(lines) + ("\n\nLone 1024-token prefills, the four servers taking turns every round "
+                               "(`prefill1_base`: no adapter); the server's forward is SGLang's `forward_duration`.")
 
 
 _HOST_PARTS = (

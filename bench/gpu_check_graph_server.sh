@@ -19,6 +19,10 @@
 #                      -a8 items) decode as unmerged, and as the server without graphs does;
 #   adapters-matter    the adapters change the scores by more than 10x the tolerance (so a mode
 #                      that dropped an adapter would fail every comparison above by that margin);
+#   eager-in-gemm      where the pool's rows are appended (--vlora-shrink-in-gemm), the server
+#                      without graphs ran its eager batches with the shrink inside the base GEMM
+#                      (/vlora/status lora_batches.eager_in_gemm), so the comparisons above
+#                      checked that path against the graph server's in every mode;
 #   prefill-graph      the graph server prepared its prefills for the prefill graph (/vlora/status
 #                      lora_batches) and its log shows prefill batches replayed as graphs, so the
 #                      scores above compared prefill-graph replays with eager prefills (skipped
@@ -270,6 +274,13 @@ if PREFILL_GRAPH:
     check("prefill-graph: the graph server's prefills were prepared for and replayed as prefill graphs", [],
           ok=batches.get("prefill_graph", 0) > 0 and replayed > 0,
           note=f"lora_batches {batches}; {replayed} of {len(prefills)} logged prefill batches replayed a graph")
+
+with urllib.request.urlopen(URL["nograph"] + "/vlora/status", timeout=60) as r:
+    nograph = json.loads(r.read())
+if nograph.get("shrink_in_gemm"):
+    eager = nograph["lora_batches"]
+    check("eager-in-gemm: the server without graphs ran its eager batches with the shrink inside the base GEMM", [],
+          ok=eager.get("eager_in_gemm", 0) > 0, note=f"kinds {nograph['shrink_in_gemm']}; lora_batches {eager}")
 
 print(f"{len(results) - len(failed)}/{len(results)} checks passed ({DTYPE}, tolerance {TOL})")
 if OUT:

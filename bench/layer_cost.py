@@ -199,7 +199,7 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
     host and GPU microseconds of one eager ``forward_with_base`` call of the ``atmm`` backend
     three ways: ``on``, ``--vlora-lora-gemm on`` (``ops.lora_apply_gemm``: the shrink, then
     ATMM's GEMM with the LoRA in its accumulator); ``in_gemm``, the shrink inside the base GEMM
-    over every slot's appended rows, then one expand (``ops.lora_apply_in_gemm``, the default up
+    over every slot's appended rows, then one expand (``ops.lora_apply_static_in_gemm``, the default up
     to ``--vlora-eager-in-gemm-max-tokens``, here set to the batch's tokens); ``off``, SGLang's
     base GEMM (here ``F.linear``), then ``ops.lora_apply``'s shrink and expand. Host: the GPU kept
     busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back."""

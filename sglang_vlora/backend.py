@@ -15,7 +15,7 @@ Two batch layouts, one item builder:
   pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at most
   ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as graph
   batches do, from static items allocated once and filled per batch
-  (``ops.lora_apply_in_gemm``): one launch a module where the separate shrink takes two, and
+  (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module where the separate shrink takes two, and
   the expand's prepared launch is kept across batches of the same token count. An eager
   forward is bound by the host's kernel launches (docs/perf.md).
 * CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
@@ -454,9 +454,9 @@ class ATMMLoRABackend(BaseLoRABackend):
                 if len(self._eager_in_gemm_plans) >= EAGER_IN_GEMM_PLANS:
                     self._eager_in_gemm_plans.clear()
                 with _profile_range("vlora.eager_lora"):
-                    return ops.lora_apply_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
-                                                  self.eager_static, slice_offsets, self._eager_in_gemm_plans,
-                                                  self.impl)
+                    return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
+                                                         self.eager_static, slice_offsets, self.impl,
+                                                         plans=self._eager_in_gemm_plans)
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
         output = base_fn()

@@ -244,12 +244,19 @@ def lora_apply_static_in_gemm(
     items: StaticWorkItems,
     slice_offsets: list[int],
     impl: str = "auto",
+    plans: dict | None = None,
 ) -> torch.Tensor:
     """``base + LoRA`` with the shrink inside the base GEMM (:mod:`sglang_vlora.atmm.in_gemm`),
     graph-safe: one GEMM over ``weight_ext`` (the base weight's ``out_features`` rows, then
     every pool slot's A rows; ``bias_ext`` zero-padded alike, or None), then one expand into
     a new contiguous ``[m, out_features]`` output. ``items`` must cover every token
-    (``StaticWorkItems.allocate(covers_tokens=True)``)."""
+    (``StaticWorkItems.allocate(covers_tokens=True)``).
+
+    ``plans``: for an eager batch, the expand goes through a launch prepared once per token
+    count and module shape and kept in this dict across batches (the caller owns and bounds
+    it). That is right because ``items`` are static buffers, filled per batch and never
+    moved; the separate shrink would take a second launch. None (graph capture, where a
+    launch's host cost does not matter): the plain launch."""
     if not items.covers_tokens:
         raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)
@@ -259,33 +266,8 @@ def lora_apply_static_in_gemm(
         output.copy_(layout.base)
         rows = in_gemm.shrink_rows_torch(inter, layout, items)
         return static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
-    return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
-
-
-def lora_apply_in_gemm(
-    x: torch.Tensor,
-    weight_ext: torch.Tensor,
-    bias_ext: torch.Tensor | None,
-    out_features: int,
-    b_buffer: torch.Tensor,
-    items: StaticWorkItems,
-    slice_offsets: list[int],
-    plans: dict,
-    impl: str = "auto",
-) -> torch.Tensor:
-    """:func:`lora_apply_static_in_gemm` for an eager batch: the same GEMM over the base weight
-    and the pool's A rows, then one expand launch into a new contiguous output, where the
-    separate shrink would take a second launch. ``items``: static items the caller allocated
-    once (``covers_tokens``) and filled for this batch, so a launch prepared for one token count
-    and module shape stays right for every later batch; ``plans`` keeps them across batches
-    (the caller owns and bounds it). The torch form is the graph path's."""
-    if _static_torch(x, impl):
-        return lora_apply_static_in_gemm(x, weight_ext, bias_ext, out_features, b_buffer, items, slice_offsets, impl)
-    if not items.covers_tokens:
-        raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
-    y = torch.nn.functional.linear(x, weight_ext, bias_ext)
-    inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
-    output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
+    if plans is None:
+        return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
     key = (x.shape[0], y.dtype, y.stride(), out_features, tuple(b_buffer.shape), b_buffer.stride(),
            tuple(slice_offsets))
     plan = plans.get(key)
@@ -298,7 +280,8 @@ def lora_apply_in_gemm(
 def compile_in_gemm(x: torch.Tensor, weight_ext: torch.Tensor, out_features: int, b_buffer: torch.Tensor,
                     items: StaticWorkItems, slice_offsets: list[int]) -> None:
     """Compile the in-GEMM expand of this module shape for every config the table may pick at
-    any token count (:func:`lora_apply_in_gemm` does at its first plan), launching nothing."""
+    any token count (:func:`lora_apply_static_in_gemm` does at an eager batch's first plan),
+    launching nothing."""
     if _static_torch(x, "auto"):
         return
     y = torch.empty((x.shape[0], weight_ext.shape[0]), dtype=x.dtype, device=x.device)

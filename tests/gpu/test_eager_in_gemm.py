@@ -1,4 +1,4 @@
-"""GPU check of eager batches with the shrink inside the base GEMM (``ops.lora_apply_in_gemm``
+"""GPU check of eager batches with the shrink inside the base GEMM (``ops.lora_apply_static_in_gemm``
 through the backend's ``forward_with_base``, the default up to ``--vlora-eager-in-gemm-max-tokens``),
 compiled Triton on CUDA (skipped without it, under Triton's interpreter, or without SGLang).
 
@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.gpu.appended_layer import appended_qkv_layer, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -33,40 +34,18 @@ BATCHES = [  # (tokens, slot) per request
 ]
 
 
-def reference(x, w, bias, a, b, requests):
-    ref = x @ w.T + bias
-    start = 0
-    for n, slot in requests:
-        r = RANKS[slot]
-        for s in range(3) if r else ():
-            lo, hi = QKV[s], QKV[s + 1]
-            ref[start : start + n, lo:hi] += SCALINGS[slot] * (x[start : start + n] @ a[slot, s * r : (s + 1) * r].T
-                                                               @ b[slot, lo:hi, :r].T)
-        start += n
-    return ref
-
-
 def test_eager_batches_compute_the_shrink_in_the_base_gemm():
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
-    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+    from sglang_vlora.in_gemm_weights import ATTR
     from sglang_vlora.runtime import VLoRARuntime
 
     g = torch.Generator().manual_seed(0)
-    max_rank = max(RANKS)
-    a = torch.randn(4, 3 * max_rank, D, generator=g) * D**-0.5
-    b = torch.randn(4, QKV[-1], max_rank, generator=g) * max_rank**-0.5
-    w = torch.randn(QKV[-1], D, generator=g) * D**-0.5
-    bias = torch.randn(QKV[-1], generator=g)
-    stack = torch.cat([w, a.reshape(-1, D)]).to("cuda", torch.bfloat16)
-    bias_ext = torch.cat([bias, torch.zeros(a.shape[0] * a.shape[1])]).to("cuda", torch.bfloat16)
-    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=stack, bias=bias_ext, out_features=QKV[-1])})
-    pool_a, pool_b = stack[QKV[-1] :].view(a.shape), b.to("cuda", torch.bfloat16)
-    wd, bd = stack[: QKV[-1]].double().cpu(), bias_ext[: QKV[-1]].double().cpu()
-    ad, bbd = pool_a.double().cpu(), pool_b.double().cpu()
+    layer, pool_a, pool_b = appended_qkv_layer(g)
+    fused = getattr(layer, ATTR)
 
     def backend_with(limit):
         rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=limit))
@@ -84,14 +63,14 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm():
         for backend in (in_gemm, separate):
             backend.prepare_lora_batch(batch, [s for _, s in requests], RANKS, SCALINGS, use_cuda_graph=False)
             base_fn = (lambda: pytest.fail("SGLang's base GEMM ran")) if backend is in_gemm else (
-                lambda x=x: torch.nn.functional.linear(x, stack[: QKV[-1]], bias_ext[: QKV[-1]]))
+                lambda x=x: torch.nn.functional.linear(x, fused.weight[: QKV[-1]], fused.bias[: QKV[-1]]))
             outputs.append(backend.forward_with_base(layer, x, base_fn, pool_a, pool_b, None, tuple(QKV)))
         assert in_gemm.eager_in_gemm and not separate.eager_in_gemm
-        ref = reference(x.double().cpu(), wd, bd, ad, bbd, requests)
+        ref = reference(x, layer, pool_a, pool_b, requests)
         for name, got in zip(("in_gemm", "separate"), outputs, strict=True):
             err = ((got.double().cpu() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (round_, name, err)
-        gap = ((outputs[0].double() - outputs[1].double()).norm() / ref.norm()).item()
+        gap = ((outputs[0].double() - outputs[1].double()).norm().cpu() / ref.norm()).item()
         assert gap < 1e-2, (round_, gap)
     assert in_gemm.batches_by_layout["eager_in_gemm"] == 3
     assert len(in_gemm._eager_in_gemm_plans) == 2  # the third batch reused the first's launch

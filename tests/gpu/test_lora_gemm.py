@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.gpu.appended_layer import appended_qkv_layer, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -35,22 +36,12 @@ def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
 
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
-    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
     from sglang_vlora.runtime import VLoRARuntime
 
     g = torch.Generator().manual_seed(0)
-    max_rank = max(RANKS)
-    a = torch.randn(4, 3 * max_rank, D, generator=g) * D**-0.5
-    b = torch.randn(4, QKV[-1], max_rank, generator=g) * max_rank**-0.5
-    w = torch.randn(QKV[-1], D, generator=g) * D**-0.5
-    bias = torch.randn(QKV[-1], generator=g)
+    layer, pool_a, pool_b = appended_qkv_layer(g)
     lens = [n for n, _ in REQUESTS]
-    x = torch.randn(sum(lens), D, generator=g)
-    stack = torch.cat([w, a.reshape(-1, D)]).to("cuda", torch.bfloat16)
-    bias_ext = torch.cat([bias, torch.zeros(a.shape[0] * a.shape[1])]).to("cuda", torch.bfloat16)
-    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=stack, bias=bias_ext, out_features=QKV[-1])})
-    pool_a = stack[QKV[-1] :].view(a.shape)
-    pool_b = b.to("cuda", torch.bfloat16)
+    xs = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
 
     rt = VLoRARuntime(VLoRAConfig(lora_gemm="on"))
     backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
@@ -59,22 +50,9 @@ def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
                             extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=lens)
     backend.prepare_lora_batch(batch, [s for _, s in REQUESTS], RANKS, SCALINGS, use_cuda_graph=False)
     assert backend.gemm_items is not None
-    xs = x.to("cuda", torch.bfloat16)
     got = backend.forward_with_base(layer, xs, lambda: pytest.fail("SGLang's base GEMM ran"), pool_a, pool_b, None,
                                     tuple(QKV))
     assert backend.batches_by_layout["eager_lora_gemm"] == 1
-
-    # fp64 from the same bf16-rounded operands
-    xd, wd, bd = xs.double().cpu(), stack[: QKV[-1]].double().cpu(), bias_ext[: QKV[-1]].double().cpu()
-    ad, bbd = pool_a.double().cpu(), pool_b.double().cpu()
-    ref = xd @ wd.T + bd
-    start = 0
-    for n, slot in REQUESTS:
-        r = RANKS[slot]
-        for s in range(3) if r else ():
-            lo, hi = QKV[s], QKV[s + 1]
-            ref[start : start + n, lo:hi] += SCALINGS[slot] * (xd[start : start + n] @ ad[slot, s * r : (s + 1) * r].T
-                                                               @ bbd[slot, lo:hi, :r].T)
-        start += n
+    ref = reference(xs, layer, pool_a, pool_b, REQUESTS)
     err = ((got.double().cpu() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
