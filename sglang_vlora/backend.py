@@ -15,9 +15,9 @@ Two batch layouts, one item builder:
   pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at most
   ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as graph
   batches do, from static items allocated once and filled per batch
-  (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module where the separate shrink takes two, and
-  the expand's prepared launch is kept across batches of the same token count. An eager
-  forward is bound by the host's kernel launches (docs/perf.md).
+  (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module where the separate
+  shrink takes two, and the expand's prepared launch is kept across batches of one token
+  count. An eager forward is bound by the host's kernel launches (docs/perf.md).
 * CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
   written by :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers
   allocated once per graph family (capacity: the most items any mode gives for the
@@ -365,9 +365,8 @@ class ATMMLoRABackend(BaseLoRABackend):
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
                 gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
             if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
-                extended = torch.empty((offsets[-1] + lora_a.shape[0] * lora_a.shape[1], k), dtype=dtype,
-                                       device=self.device)
-                ops.compile_in_gemm(x, extended, offsets[-1], lora_b, self._eager_static_items(), list(offsets))
+                gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
+                ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, self._eager_static_items(), list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 

@@ -69,9 +69,10 @@ class VLoRAConfig:
     # Largest image a request may send, in pixels (width x height), checked from the image's
     # header before it is decoded. 32 Mi pixels: an 8192 x 4096 image.
     max_image_pixels: int = 32 * 1024 * 1024
-    # Graph batches' (and small eager batches') shrink inside the base GEMM, the pool's A rows appended to the base weights
-    # (sglang_vlora.in_gemm_weights): "auto" where eligible on a GPU and the appended rows are at
-    # most half the module's own; "on" wherever eligible (any device, any row count); "off" never.
+    # Graph batches' (and small eager batches') shrink inside the base GEMM, the pool's A rows
+    # appended to the base weights (sglang_vlora.in_gemm_weights): "auto" where eligible on a
+    # GPU and the appended rows are at most half the module's own; "on" wherever eligible (any
+    # device, any row count); "off" never.
     shrink_in_gemm: str = "auto"
     # Eager batches (prefills without prefill graphs or above their largest, decode batches
     # above the decode graphs') of at most this many tokens compute the shrink inside the base

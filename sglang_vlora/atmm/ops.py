@@ -277,14 +277,14 @@ def lora_apply_static_in_gemm(
     return output
 
 
-def compile_in_gemm(x: torch.Tensor, weight_ext: torch.Tensor, out_features: int, b_buffer: torch.Tensor,
+def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer: torch.Tensor,
                     items: StaticWorkItems, slice_offsets: list[int]) -> None:
-    """Compile the in-GEMM expand of this module shape for every config the table may pick at
-    any token count (:func:`lora_apply_static_in_gemm` does at an eager batch's first plan),
-    launching nothing."""
+    """Compile the in-GEMM expand of this module shape (``gemm_rows``: the extended weight's
+    rows) for every config the table may pick at any token count
+    (:func:`lora_apply_static_in_gemm` does at an eager batch's first plan), launching nothing."""
     if _static_torch(x, "auto"):
         return
-    y = torch.empty((x.shape[0], weight_ext.shape[0]), dtype=x.dtype, device=x.device)
+    y = torch.empty((x.shape[0], gemm_rows), dtype=x.dtype, device=x.device)
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
     output = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
     _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout)

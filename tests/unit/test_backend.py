@@ -535,6 +535,37 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     assert len(calls) == 1
 
 
+def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compiled(monkeypatch):
+    """A layer with the pool's rows appended, run inside a capture: at the first batch prepared
+    outside one, the in-GEMM expand of its shape is compiled for the eager batches too (over
+    the eager static items, for the extended GEMM's rows), once; not with the limit 0."""
+    import sglang_vlora.backend as backend_module
+    from sglang_vlora.atmm import ops
+
+    slices = [12, 6, 6]
+    a, b, _, _, layer = stacked_layer(slices, seed=41)
+    offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
+    for limit, expected in ((16, 1), (0, 0)):
+        calls = []
+        monkeypatch.setattr(ops, "compile_eager", lambda *args: None)
+        monkeypatch.setattr(ops, "compile_in_gemm", lambda x, rows, out, b_buffer, items, offs, calls=calls: calls.append(
+            (x.shape[1], rows, out, b_buffer.data_ptr(), offs, items.covers_tokens, items.max_tokens)))
+        capturing = [True]
+        monkeypatch.setattr(backend_module, "_capturing", lambda device, capturing=capturing: capturing[0])
+        rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=limit))
+        backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch",
+                                  runtime=rt)
+        backend.shrink_in_gemm = True
+        backend.init_prefill_cuda_graph_batch_info(max_num_tokens=16, max_num_requests=2)
+        backend.prepare_lora_batch(extend_batch([16]), [0], SLOTS_RANKS, SCALINGS, False, True)
+        backend.forward_with_base(layer, torch.randn(16, D_IN), lambda: pytest.fail("base ran"), a, b, None, offsets)
+        capturing[0] = False
+        for _ in range(2):  # the second eager batch compiles nothing more
+            backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
+        rows = offsets[-1] + a.shape[0] * a.shape[1]
+        assert calls == [(D_IN, rows, offsets[-1], b.data_ptr(), list(offsets), True, 16)][:expected], limit
+
+
 def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
     """With ``--vlora-lora-gemm on`` an unmerged eager batch of at least the minimum tokens runs
     each layer with the appended-rows stack through ops.lora_apply_gemm (Triton's interpreter
