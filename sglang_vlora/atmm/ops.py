@@ -255,10 +255,14 @@ def lora_apply_static_in_gemm(
     ``plans``: for an eager batch, the expand goes through a launch prepared once per token
     count and module shape and kept in this dict across batches (the caller owns and bounds
     it). That is right because ``items`` are static buffers, filled per batch and never
-    moved; the separate shrink would take a second launch. None (graph capture, where a
-    launch's host cost does not matter): the plain launch."""
+    moved; the separate shrink would take a second launch. An eager batch picks its
+    implementation as the eager ops do (``impl="auto"`` on CPU tensors: the torch form, even
+    under Triton's interpreter). None (graph capture, where a launch's host cost does not
+    matter): the plain launch."""
     if not items.covers_tokens:
         raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
+    if plans is not None and _kernel_impl(x, impl) is None:
+        impl = "torch"  # an eager batch follows the eager ops' rule: "auto" on CPU tensors is the reference
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
     output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
