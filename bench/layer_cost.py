@@ -184,7 +184,7 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
     return result
 
 
-# The eager paths of eager_module_paths: (setting, config options, the batches_by_layout entry it counts)
+# The eager paths of eager_module_paths: name -> (config options, the batches_by_layout entry it counts)
 EAGER_PATHS = {
     "on": ({"lora_gemm": "on", "lora_gemm_min_tokens": 1}, "eager_lora_gemm"),
     "in_gemm": ({"lora_gemm": "off"}, "eager_in_gemm"),

@@ -21,6 +21,9 @@ ATMM_IMPLS = ("auto", "torch")
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
 SHRINK_IN_GEMM = ("auto", "on", "off")
 LORA_GEMM = ("off", "on")
+# Largest --vlora-eager-in-gemm-max-tokens: the eager in-GEMM items keep a device entry per token
+# up to the limit, allocated at the first such batch; far past any prefill chunk SGLang runs.
+EAGER_IN_GEMM_TOKENS_CAP = 65536
 # Prepared ATMM launches go straight to the CUDA driver (atmm.driver_launch) unless this is
 # "0": Triton's launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
 DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
@@ -105,8 +108,9 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-max-image-pixels must be >= 1, got {self.max_image_pixels}")
         if self.shrink_in_gemm not in SHRINK_IN_GEMM:
             raise ValueError(f"--vlora-shrink-in-gemm must be one of {SHRINK_IN_GEMM}, got {self.shrink_in_gemm!r}")
-        if self.eager_in_gemm_max_tokens < 0:
-            raise ValueError(f"--vlora-eager-in-gemm-max-tokens must be >= 0, got {self.eager_in_gemm_max_tokens}")
+        if not 0 <= self.eager_in_gemm_max_tokens <= EAGER_IN_GEMM_TOKENS_CAP:
+            raise ValueError(f"--vlora-eager-in-gemm-max-tokens must be between 0 and {EAGER_IN_GEMM_TOKENS_CAP}, "
+                             f"got {self.eager_in_gemm_max_tokens}")
         if self.lora_gemm not in LORA_GEMM:
             raise ValueError(f"--vlora-lora-gemm must be one of {LORA_GEMM}, got {self.lora_gemm!r}")
         if self.lora_gemm_min_tokens < 1:
@@ -250,7 +254,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="Eager batches of at most N tokens compute the LoRA shrink inside the base GEMM too, on the "
         "layers that have the appended rows of --vlora-shrink-in-gemm (one kernel launch a module fewer); "
-        "0: eager batches run the shrink as its own kernel (default 1024).",
+        "0: eager batches run the shrink as its own kernel; at most 65536 (default 1024).",
     )
     group.add_argument(
         "--vlora-lora-gemm",

@@ -122,6 +122,7 @@ def test_bad_option_value_is_refused():
     "flags, reason",
     [
         (["--vlora-max-batch", "0"], "--vlora-max-batch must be"),
+        (["--vlora-eager-in-gemm-max-tokens", "100000"], "--vlora-eager-in-gemm-max-tokens must be between 0 and 65536"),
         (["--lora-backend", "triton"], "needs --lora-backend atmm"),
         (["--vlora-policy", "dlora", "--pp-size", "2"], "tensor parallelism only"),
     ],
@@ -160,7 +161,8 @@ def test_unknown_choice_is_refused_by_name(capsys, flag, value):
         ({"shrink_in_gemm": "yes"}, "--vlora-shrink-in-gemm must be one of"),
         ({"lora_gemm": "auto"}, "--vlora-lora-gemm must be one of"),
         ({"lora_gemm_min_tokens": 0}, "--vlora-lora-gemm-min-tokens must be"),
-        ({"eager_in_gemm_max_tokens": -1}, "--vlora-eager-in-gemm-max-tokens must be"),
+        ({"eager_in_gemm_max_tokens": -1}, "--vlora-eager-in-gemm-max-tokens must be between 0 and 65536"),
+        ({"eager_in_gemm_max_tokens": 65537}, "--vlora-eager-in-gemm-max-tokens must be between 0 and 65536"),
     ],
 )
 def test_bad_orchestrator_options_are_refused(options, reason):
