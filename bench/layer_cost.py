@@ -13,10 +13,12 @@ isolated timing (CUDA-graph replays of one launch, the chosen implementation) of
 kernel the model runs, summed over Qwen2-VL-7B's 28 layers x (qkv shrink + expand, o
 shrink + expand). Prints a table, writes JSON and a PNG.
 
-    python bench/layer_cost.py --host-only [--out bench/results --tag host_cost_h200]
+    python bench/layer_cost.py --host-only [--slots 8] [--tokens 1024 2048 4096] \\
+        [--out bench/results --tag host_cost_h200]
 
-times only the host side of the eager path (GPU), ``host_cost`` below, and writes it with
-the run's provenance.
+times only the host side of the eager path (GPU), ``host_cost`` below, and one eager module
+call three ways (``eager_module_paths``: ``--slots`` pool slots appended, at each of ``--tokens``),
+and writes them with the run's provenance.
 """
 
 from __future__ import annotations
@@ -280,14 +282,15 @@ def plot(result: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_host_cost(out: Path, tag: str) -> None:
-    """``host_cost()`` as a results file of its own, with the run's provenance."""
+def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...] = (1024, 2048, 4096)) -> None:
+    """``host_cost()`` and ``eager_module_paths(tokens, slots=slots)`` as a results file of its
+    own, with the run's provenance."""
     import provenance
     import torch
 
     host = host_cost()
     print(f"host per eager call (us): {host}")
-    paths = eager_module_paths()
+    paths = eager_module_paths(tokens, slots=slots)
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
             f"{way} host {r[way]['host_us']:6.1f} us GPU {r[way]['gpu_us']:7.1f} us" for way in EAGER_PATHS))
@@ -298,11 +301,12 @@ def write_host_cost(out: Path, tag: str) -> None:
                 "through the driver and through Triton's launcher; the two kernel launches that call makes, "
                 "prepared (direct, and through Triton's compiled handle) and unprepared; one allocation of the "
                 "call's intermediate; one trivial driver call (cuCtxGetCurrent) for scale; eager_module_paths: "
-                "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (8 pool "
-                "slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
+                "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (slots: the "
+                "pool slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
                 "one expand) and off (the base GEMM, then the shrink and the expand)",
         "device": torch.cuda.get_device_name(0),
         "host_us": host,
+        "slots": slots,
         "eager_module_paths": paths,
     }
     path = provenance.write_results(out, tag, doc, "bench/layer_cost.py", sys.argv[1:])
@@ -318,9 +322,14 @@ def main() -> None:
     ap.add_argument("--tag", default=None, help="results file name (default layer_cost_h200 / host_cost_h200)")
     ap.add_argument("--host", action="store_true", help="also time the host side of an eager call (GPU)")
     ap.add_argument("--host-only", action="store_true", help="time only the host side of an eager call (GPU)")
+    ap.add_argument("--slots", type=int, default=8, help="--host-only: pool slots appended to the base weight")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096],
+                    help="--host-only: the eager module call's token counts")
     args = ap.parse_args()
+    if args.slots < 2 or min(args.tokens) < 1:
+        ap.error("--slots must be at least 2 (one slot is the pool's empty one) and --tokens positive")
     if args.host_only:
-        write_host_cost(args.out, args.tag or "host_cost_h200")
+        write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens))
         return
     if args.profile is None or args.table is None:
         ap.error("--profile and --table are needed unless --host-only")

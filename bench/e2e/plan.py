@@ -57,6 +57,10 @@ SYSTEMS = {s.name: s for s in (
            "alone, eager prefills of 1024 tokens or more with the LoRA inside ATMM's GEMM instead of SGLang's "
            "base GEMM then ATMM's shrink and expand)", plugin=True, policy="unmerge-only",
            extra_flags=("--vlora-lora-gemm", "on")),
+    System("unmerge_only_separate_shrink", "`--plugin vlora --vlora-policy unmerge-only "
+           "--vlora-eager-in-gemm-max-tokens 0` (ATMM alone, every eager batch with its shrink as a kernel "
+           "of its own, none inside the base GEMM)", plugin=True, policy="unmerge-only",
+           extra_flags=("--vlora-eager-in-gemm-max-tokens", "0")),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
     System("vlora_paper", "`--plugin vlora --vlora-admission algorithm1 --vlora-keep-merged majority` "
