@@ -156,7 +156,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Overlapping items (two layers of shrink rows) come only from a merged adapter; they
         # are pairs (modes/delora.py), so every graph batch runs one expand launch a module.
         self.graph_layers = 1 if cfg is not None and cfg.policy == NEVER_MERGES else MAX_MODE_LAYERS
-        self.work_items: WorkItems | None = None
+        self.work_items = None  # through its setter: see the property
         self.graph_items: StaticWorkItems | None = None  # decode graphs
         self.prefill_graph_items: StaticWorkItems | None = None  # prefill graphs
         self.cuda_graph_batch_info: LoRABatchInfo | None = None  # SGLang's view of decode graph batches
@@ -312,20 +312,44 @@ class ATMMLoRABackend(BaseLoRABackend):
             self.gemm_items = build_work_items(run_starts, run_lengths, run_slots, [scalings[s] for s in run_slots],
                                                lora_ranks, device=self.device)
             self._lora_gemm_ran = False
-        perm = None if permutation is None else self._on_device(permutation, torch.int32)
         self.use_graph_path = False
         self.static_items = None
-        self.work_items = mode_work_items(
-            starts, lengths, slots, lora_ranks, scalings, merged_slot, device=self.device, permutation=perm
-        )
-        self._count_work(self.work_items.num_items, "eager")
         num_tokens = sum(seq_lens)
-        self.eager_in_gemm = (self.shrink_in_gemm and self.gemm_items is None and self.has_lora_work
-                              and num_tokens <= self.eager_in_gemm_max_tokens)
-        if self.eager_in_gemm:
-            self._eager_static_items().fill(self.work_items, num_tokens, permutation)
-            self.batches_by_layout["eager_in_gemm"] += 1
+        item_args = (starts, lengths, slots, lora_ranks, scalings, merged_slot)
+        if self.shrink_in_gemm and self.gemm_items is None and num_tokens <= self.eager_in_gemm_max_tokens:
+            # The layers with the appended rows read only the static buffers: the items go there
+            # from the host, and their device copy waits for a layer that asks (work_items).
+            host_items = mode_work_items(*item_args, device="cpu")
+            self._count_work(host_items.num_items, "eager")
+            self.eager_in_gemm = self.has_lora_work
+            if self.eager_in_gemm:
+                self._eager_static_items().fill(host_items, num_tokens, permutation)
+                self.batches_by_layout["eager_in_gemm"] += 1
+            self._work_items, self._deferred_items = None, (item_args, permutation)
+        else:
+            self.eager_in_gemm = False
+            self.work_items = self._device_items(item_args, permutation)
+            self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
+
+    @property
+    def work_items(self) -> WorkItems | None:
+        """The prepared eager batch's items on the device; None for a graph batch. A batch that
+        may run the shrink inside the GEMM builds them at the first call that reads them (a
+        layer without the appended rows, or SGLang's own LoRA path), not before: its layers
+        with the rows read only the static buffers."""
+        if self._deferred_items is not None:
+            self._work_items = self._device_items(*self._deferred_items)
+            self._deferred_items = None
+        return self._work_items
+
+    @work_items.setter
+    def work_items(self, items: WorkItems | None) -> None:
+        self._work_items, self._deferred_items = items, None
+
+    def _device_items(self, item_args: tuple, permutation: list[int] | None) -> WorkItems:
+        perm = None if permutation is None else self._on_device(permutation, torch.int32)
+        return mode_work_items(*item_args, device=self.device, permutation=perm)
 
     def _eager_static_items(self) -> StaticWorkItems:
         """The eager in-GEMM batches' items: static buffers for up to ``eager_in_gemm_max_tokens``

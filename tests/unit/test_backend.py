@@ -298,9 +298,14 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
         got = backend.forward_with_base(layer, x, base_fn, a, b, None, offsets)
         assert got.is_contiguous(), label
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
-        # A layer without the appended rows, in the same batch: the base GEMM, then the shrink and expand.
+        # The layer with the rows read only the static buffers: the batch's items were not built
+        # a second time for the device.
+        assert backend._work_items is None or not has_work, label
+        # A layer without the appended rows, in the same batch: the base GEMM, then the shrink and
+        # expand, over device items built now.
         plain = backend.forward_with_base(SimpleNamespace(), x, lambda x=x: x @ w.T + bias, a, b, None, offsets)
         torch.testing.assert_close(plain.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
+        assert backend._work_items is not None, label
         if has_work:
             static = backend.eager_static
             buffers = buffers or (static.packed.data_ptr(), static.permutation.data_ptr())
