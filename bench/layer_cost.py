@@ -13,7 +13,7 @@ isolated timing (CUDA-graph replays of one launch, the chosen implementation) of
 kernel the model runs, summed over Qwen2-VL-7B's 28 layers x (qkv shrink + expand, o
 shrink + expand). Prints a table, writes JSON and a PNG.
 
-    python bench/layer_cost.py --host-only [--slots 8] [--tokens 1024 2048 4096] \\
+    python bench/layer_cost.py --host-only [--slots 8] [--tokens 1024 2048 4096] [--rounds 7] \\
         [--out bench/results --tag host_cost_h200]
 
 times only the host side of the eager path (GPU), ``host_cost`` below, and one eager module
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -195,7 +196,7 @@ EAGER_PATHS = {
 
 
 def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls: int = 100,
-                       slots: int = 8) -> list[dict]:
+                       slots: int = 8, rounds: int = 7) -> list[dict]:
     """Per LoRA module of a Qwen2-VL-7B layer (qkv with bias, o without; one rank-64 adapter over
     the whole batch; a pool of ``slots`` slots, SGLang's default 8, appended to the base weight),
     host and GPU microseconds of one eager ``forward_with_base`` call of the ``atmm`` backend
@@ -204,7 +205,10 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
     over every slot's appended rows, then one expand (``ops.lora_apply_static_in_gemm``, the default up
     to ``--vlora-eager-in-gemm-max-tokens``, here set to the batch's tokens); ``off``, SGLang's
     base GEMM (here ``F.linear``), then ``ops.lora_apply``'s shrink and expand. Host: the GPU kept
-    busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back."""
+    busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back. The ways
+    take turns over ``rounds`` rounds (the order rotated each round) and each figure is the
+    median of its rounds, with the host's range: this host's speed drifts by more than the
+    ways differ, so timing them one after another would compare different speeds."""
     import functools
     from types import SimpleNamespace
 
@@ -240,6 +244,7 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                                     extend_seq_lens_cpu=[tokens])
             row = {"module": name, "tokens": tokens}
             ranks, scalings = [0] + [RANK] * (slots - 1), [0.0] + [2.0] * (slots - 1)
+            calls_by_way = {}
             for setting, (options, layout) in EAGER_PATHS.items():
                 options = {"eager_in_gemm_max_tokens": tokens, **options}
                 runtime = VLoRARuntime(VLoRAConfig(**options))
@@ -255,8 +260,17 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                 counts = backend.batches_by_layout
                 if any(counts[k] != (k == layout) for k in ("eager_lora_gemm", "eager_in_gemm")):
                     raise RuntimeError(f"{name} {tokens}: eager path {setting} ran another path ({counts})")
-                gpu, host = time_calls(call, calls)
-                row[setting] = {"host_us": round(host, 1), "gpu_us": round(gpu, 1)}
+                calls_by_way[setting] = call
+            timed: dict[str, list[tuple[float, float]]] = {way: [] for way in calls_by_way}
+            ways = list(calls_by_way)
+            for r in range(rounds):
+                for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+                    timed[way].append(time_calls(calls_by_way[way], calls))
+            for way, samples in timed.items():
+                gpu = statistics.median(g for g, _ in samples)
+                hosts = [h for _, h in samples]
+                row[way] = {"host_us": round(statistics.median(hosts), 1), "gpu_us": round(gpu, 1),
+                            "host_us_range": [round(min(hosts), 1), round(max(hosts), 1)]}
             result.append(row)
     return result
 
@@ -282,18 +296,20 @@ def plot(result: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...] = (1024, 2048, 4096)) -> None:
-    """``host_cost()`` and ``eager_module_paths(tokens, slots=slots)`` as a results file of its
-    own, with the run's provenance."""
+def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...] = (1024, 2048, 4096),
+                    rounds: int = 7) -> None:
+    """``host_cost()`` and ``eager_module_paths(tokens, slots=slots, rounds=rounds)`` as a
+    results file of its own, with the run's provenance."""
     import provenance
     import torch
 
     host = host_cost()
     print(f"host per eager call (us): {host}")
-    paths = eager_module_paths(tokens, slots=slots)
+    paths = eager_module_paths(tokens, slots=slots, rounds=rounds)
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
-            f"{way} host {r[way]['host_us']:6.1f} us GPU {r[way]['gpu_us']:7.1f} us" for way in EAGER_PATHS))
+            f"{way} host {r[way]['host_us']:6.1f} us ({r[way]['host_us_range'][0]:.1f}-{r[way]['host_us_range'][1]:.1f}) "
+            f"GPU {r[way]['gpu_us']:7.1f} us" for way in EAGER_PATHS))
     doc = {
         "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits, "
                 "medians of rounds in which the ways take turns: one prepare_lora_batch of a 1024-token, "
@@ -303,10 +319,12 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
                 "call's intermediate; one trivial driver call (cuCtxGetCurrent) for scale; eager_module_paths: "
                 "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (slots: the "
                 "pool slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
-                "one expand) and off (the base GEMM, then the shrink and the expand)",
+                "one expand) and off (the base GEMM, then the shrink and the expand), the three ways taking turns "
+                "over `rounds` rounds (medians; host_us_range: the host's spread over the rounds)",
         "device": torch.cuda.get_device_name(0),
         "host_us": host,
         "slots": slots,
+        "rounds": rounds,
         "eager_module_paths": paths,
     }
     path = provenance.write_results(out, tag, doc, "bench/layer_cost.py", sys.argv[1:])
@@ -325,11 +343,13 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="--host-only: pool slots appended to the base weight")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096],
                     help="--host-only: the eager module call's token counts")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="--host-only: rounds in which the eager module call's three ways take turns")
     args = ap.parse_args()
-    if args.slots < 2 or min(args.tokens) < 1:
-        ap.error("--slots must be at least 2 (one slot is the pool's empty one) and --tokens positive")
+    if args.slots < 2 or min(args.tokens) < 1 or args.rounds < 1:
+        ap.error("--slots must be at least 2 (one slot is the pool's empty one), --tokens and --rounds positive")
     if args.host_only:
-        write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens))
+        write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens), args.rounds)
         return
     if args.profile is None or args.table is None:
         ap.error("--profile and --table are needed unless --host-only")
