@@ -28,6 +28,7 @@ import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,7 +245,7 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                                     extend_seq_lens_cpu=[tokens])
             row = {"module": name, "tokens": tokens}
             ranks, scalings = [0] + [RANK] * (slots - 1), [0.0] + [2.0] * (slots - 1)
-            calls_by_way = {}
+            calls_by_way, new_batch_by_way = {}, {}
             for setting, (options, layout) in EAGER_PATHS.items():
                 options = {"eager_in_gemm_max_tokens": tokens, **options}
                 runtime = VLoRARuntime(VLoRAConfig(**options))
@@ -261,18 +262,46 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                 if any(counts[k] != (k == layout) for k in ("eager_lora_gemm", "eager_in_gemm")):
                     raise RuntimeError(f"{name} {tokens}: eager path {setting} ran another path ({counts})")
                 calls_by_way[setting] = call
+                new_batch_by_way[setting] = functools.partial(
+                    _new_batch, backend, batch, [1], ranks, scalings, call)
             timed: dict[str, list[tuple[float, float]]] = {way: [] for way in calls_by_way}
+            new_batch: dict[str, list[float]] = {way: [] for way in calls_by_way}
             ways = list(calls_by_way)
             for r in range(rounds):
                 for way in ways[r % len(ways):] + ways[:r % len(ways)]:
                     timed[way].append(time_calls(calls_by_way[way], calls))
+                    new_batch[way].append(new_batch_by_way[way]())
             for way, samples in timed.items():
                 gpu = statistics.median(g for g, _ in samples)
                 hosts = [h for _, h in samples]
                 row[way] = {"host_us": round(statistics.median(hosts), 1), "gpu_us": round(gpu, 1),
-                            "host_us_range": [round(min(hosts), 1), round(max(hosts), 1)]}
+                            "host_us_range": [round(min(hosts), 1), round(max(hosts), 1)],
+                            "new_batch_host_us": round(statistics.median(new_batch[way]), 1)}
             result.append(row)
     return result
+
+
+def _new_batch(backend, batch, weight_indices, ranks, scalings, call, first_calls: int = 2) -> float:
+    """Host us of preparing a new batch and its first ``first_calls`` module calls, their launch
+    plans built anew (an eager forward's first layer of each module shape pays this once per
+    batch; the token counts of served prompts vary, so the kept in-GEMM plans are cleared),
+    less ``first_calls`` calls of the prepared batch: what a batch costs beyond its steady calls."""
+    import torch
+
+    torch.cuda.synchronize()
+    backend._eager_in_gemm_plans.clear()
+    began = time.perf_counter()
+    backend.prepare_lora_batch(batch, weight_indices, ranks, scalings, use_cuda_graph=False)
+    for _ in range(first_calls):
+        call()
+    new = time.perf_counter() - began
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(first_calls):
+        call()
+    steady = time.perf_counter() - began
+    torch.cuda.synchronize()
+    return (new - steady) * 1e6
 
 
 def plot(result: list[dict], path: Path) -> None:
@@ -309,7 +338,7 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
             f"{way} host {r[way]['host_us']:6.1f} us ({r[way]['host_us_range'][0]:.1f}-{r[way]['host_us_range'][1]:.1f}) "
-            f"GPU {r[way]['gpu_us']:7.1f} us" for way in EAGER_PATHS))
+            f"GPU {r[way]['gpu_us']:7.1f} us new batch +{r[way]['new_batch_host_us']:6.1f} us" for way in EAGER_PATHS))
     doc = {
         "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits, "
                 "medians of rounds in which the ways take turns: one prepare_lora_batch of a 1024-token, "
@@ -320,7 +349,9 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
                 "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (slots: the "
                 "pool slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
                 "one expand) and off (the base GEMM, then the shrink and the expand), the three ways taking turns "
-                "over `rounds` rounds (medians; host_us_range: the host's spread over the rounds)",
+                "over `rounds` rounds (medians; host_us_range: the host's spread over the rounds); new_batch_host_us: the "
+                "host time a new batch adds beyond its steady calls (prepare_lora_batch and the first call's "
+                "launch plans, built anew), one sample a round",
         "device": torch.cuda.get_device_name(0),
         "host_us": host,
         "slots": slots,

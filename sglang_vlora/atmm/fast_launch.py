@@ -196,6 +196,17 @@ class PreparedLaunch:
         if compiled is not None:
             self._runners[lead_key] = launcher.runner(compiled, self.grid, (*lead, *self._rest), self.lead)
 
+    def at(self, addresses: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
+        """Launch with the leading tensors given as device addresses (and their dtypes) where a
+        call with tensors of these dtypes and alignments has run before; False (nothing
+        launched) where none has: the caller then calls with tensors. Views cost host time
+        to make (a few us each); an address into a tensor is one addition."""
+        runner = self._runners.get(tuple((d, p % 16 == 0) for d, p in zip(dtypes, addresses, strict=True)))
+        if runner is None:
+            return False
+        runner(*addresses, stream=_current_stream(self._device))
+        return True
+
 
 def _device(arg: torch.Tensor | TensorDescriptor) -> int:
     """The device index of a kernel's first argument (a tensor or a tensor descriptor)."""

@@ -5,9 +5,10 @@ compiled Triton on CUDA (skipped without it, under Triton's interpreter, or with
 The q/k/v layer and pool of ``test_graph_modes`` (1024 -> 1024 + 256 + 256, with bias, ranks 16,
 64 and 8 and the no-adapter slot), the pool's A rows appended to the base weight: two eager
 batches in turn (1536 tokens whose requests of one adapter are apart, then 1000 tokens of other
-adapters, then the first again, which reuses its prepared launch), each against fp64 from the
-same bf16 operands and against the separate shrink and expand (limit 0) on the same batch.
-SGLang's base GEMM must not run. Relative error of the whole output: bf16 1e-2.
+adapters, then the first again, which reuses its prepared launch, now given the GEMM output's
+addresses instead of views of it), each against fp64 from the same bf16 operands and against the
+separate shrink and expand (limit 0) on the same batch. SGLang's base GEMM must not run. Relative
+error of the whole output: bf16 1e-2.
 
 Run on a GPU machine with SGLang installed: ``TRITON_INTERPRET=0 python -m pytest tests/gpu``.
 """
@@ -34,10 +35,11 @@ BATCHES = [  # (tokens, slot) per request
 ]
 
 
-def test_eager_batches_compute_the_shrink_in_the_base_gemm():
+def test_eager_batches_compute_the_shrink_in_the_base_gemm(monkeypatch):
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    from sglang_vlora.atmm.fast_launch import PreparedLaunch
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
     from sglang_vlora.in_gemm_weights import ATTR
@@ -54,6 +56,9 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm():
         return backend
 
     in_gemm, separate = backend_with(2048), backend_with(0)  # both batches under the limit
+    by_address = []
+    at = PreparedLaunch.at
+    monkeypatch.setattr(PreparedLaunch, "at", lambda self, *args: by_address.append(at(self, *args)) or by_address[-1])
     for round_, requests in enumerate([*BATCHES, BATCHES[0]]):
         lens = [n for n, _ in requests]
         x = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
@@ -74,3 +79,4 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm():
         assert gap < 1e-2, (round_, gap)
     assert in_gemm.batches_by_layout["eager_in_gemm"] == 3
     assert len(in_gemm._eager_in_gemm_plans) == 2  # the third batch reused the first's launch
+    assert by_address == [False, False, True], by_address  # each plan's first launch takes the views
