@@ -191,6 +191,11 @@ class PreparedLaunch:
             runner(*pointers, stream=_current_stream(self._device))
             return
         launcher = self.launcher
+        compiled = launcher._compiled.get((*self._head, *lead_key, *self._tail_key))
+        if compiled is not None:  # compiled before (an earlier batch's plan): no Triton launch needed
+            runner = self._runners[lead_key] = launcher.runner(compiled, self.grid, (*lead, *self._rest), self.lead)
+            runner(*pointers, stream=_current_stream(self._device))
+            return
         launcher(self.grid, (*lead, *self.tail), self.constexprs, self.num_warps, self.num_stages)
         compiled = launcher._compiled.get((*self._head, *lead_key, *self._tail_key))
         if compiled is not None:
