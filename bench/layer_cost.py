@@ -17,7 +17,7 @@ shrink + expand). Prints a table, writes JSON and a PNG.
         [--out bench/results --tag host_cost_h200]
 
 times only the host side of the eager path (GPU), ``host_cost`` below, and one eager module
-call three ways (``eager_module_paths``: ``--slots`` pool slots appended, at each of ``--tokens``),
+call four ways (``eager_module_paths``: ``--slots`` pool slots appended, at each of ``--tokens``),
 and writes them with the run's provenance.
 """
 
@@ -171,7 +171,8 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
         for direct, name in ((True, "qkv_module_call_us"), (False, "qkv_module_call_triton_handle_us")):
             for launcher in launchers:
                 launcher.use_direct(direct)
-            prepare()  # a new batch: its launch plans take the way just set
+            backend._eager_plans.clear()
+            prepare()  # a new batch: its launch plans, built anew, take the way just set
             samples.setdefault(name, []).append(per_call(module_call))
         for launcher in launchers:
             launcher.use_direct(True)
@@ -188,12 +189,15 @@ def host_cost(tokens: int = 1024, calls: int = 200, rounds: int = 7) -> dict:
     return result
 
 
-# The eager paths of eager_module_paths: name -> (config options, the batches_by_layout entry it counts)
+# The eager paths of eager_module_paths: name -> (config options, whether the backend keeps launch
+# plans across batches, the batches_by_layout entries it counts)
 EAGER_PATHS = {
-    "on": ({"lora_gemm": "on", "lora_gemm_min_tokens": 1}, "eager_lora_gemm"),
-    "in_gemm": ({"lora_gemm": "off"}, "eager_in_gemm"),
-    "off": ({"lora_gemm": "off", "eager_in_gemm_max_tokens": 0}, None),
+    "on": ({"lora_gemm": "on", "lora_gemm_min_tokens": 1}, True, {"eager_lora_gemm"}),
+    "in_gemm": ({"lora_gemm": "off"}, True, {"eager_in_gemm", "eager_kept"}),
+    "off": ({"lora_gemm": "off", "eager_in_gemm_max_tokens": 0}, True, {"eager_kept"}),
+    "off_per_batch": ({"lora_gemm": "off", "eager_in_gemm_max_tokens": 0}, False, set()),
 }
+COUNTED_LAYOUTS = ("eager_lora_gemm", "eager_in_gemm", "eager_kept")
 
 
 def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls: int = 100,
@@ -201,11 +205,13 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
     """Per LoRA module of a Qwen2-VL-7B layer (qkv with bias, o without; one rank-64 adapter over
     the whole batch; a pool of ``slots`` slots, SGLang's default 8, appended to the base weight),
     host and GPU microseconds of one eager ``forward_with_base`` call of the ``atmm`` backend
-    three ways: ``on``, ``--vlora-lora-gemm on`` (``ops.lora_apply_gemm``: the shrink, then
+    four ways: ``on``, ``--vlora-lora-gemm on`` (``ops.lora_apply_gemm``: the shrink, then
     ATMM's GEMM with the LoRA in its accumulator); ``in_gemm``, the shrink inside the base GEMM
     over every slot's appended rows, then one expand (``ops.lora_apply_static_in_gemm``, the default up
     to ``--vlora-eager-in-gemm-max-tokens``, here set to the batch's tokens); ``off``, SGLang's
-    base GEMM (here ``F.linear``), then ``ops.lora_apply``'s shrink and expand. Host: the GPU kept
+    base GEMM (here ``F.linear``), then the shrink and expand by launch plans kept across batches
+    (``ops.lora_apply_kept``, the default above that limit); ``off_per_batch``, the same by plans
+    built for every batch (``ops.lora_apply``, what ran before plans were kept). Host: the GPU kept
     busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back. The ways
     take turns over ``rounds`` rounds (the order rotated each round) and each figure is the
     median of its rounds, with the host's range: this host's speed drifts by more than the
@@ -245,12 +251,13 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                                     extend_seq_lens_cpu=[tokens])
             row = {"module": name, "tokens": tokens}
             ranks, scalings = [0] + [RANK] * (slots - 1), [0.0] + [2.0] * (slots - 1)
-            calls_by_way, new_batch_by_way = {}, {}
-            for setting, (options, layout) in EAGER_PATHS.items():
+            calls_by_way, new_batch_by_way, new_bound_by_way = {}, {}, {}
+            for setting, (options, kept_plans, layouts) in EAGER_PATHS.items():
                 options = {"eager_in_gemm_max_tokens": tokens, **options}
                 runtime = VLoRARuntime(VLoRAConfig(**options))
                 backend = ATMMLoRABackend(max_loras_per_batch=slots, device=dev, runtime=runtime)
                 backend.shrink_in_gemm = True
+                backend.kept_plans = kept_plans
                 backend.prepare_lora_batch(batch, [1], ranks, scalings, use_cuda_graph=False)
                 call = functools.partial(backend.forward_with_base, layer, x,
                                          functools.partial(torch.nn.functional.linear, x, base_w, base_b),
@@ -259,37 +266,45 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
                     call()
                 torch.cuda.synchronize()
                 counts = backend.batches_by_layout
-                if any(counts[k] != (k == layout) for k in ("eager_lora_gemm", "eager_in_gemm")):
+                if any(counts[k] != (k in layouts) for k in COUNTED_LAYOUTS):
                     raise RuntimeError(f"{name} {tokens}: eager path {setting} ran another path ({counts})")
                 calls_by_way[setting] = call
                 new_batch_by_way[setting] = functools.partial(
-                    _new_batch, backend, batch, [1], ranks, scalings, call)
+                    _new_batch, backend, batch, [1], ranks, scalings, call, False)
+                new_bound_by_way[setting] = functools.partial(
+                    _new_batch, backend, batch, [1], ranks, scalings, call, True)
             timed: dict[str, list[tuple[float, float]]] = {way: [] for way in calls_by_way}
             new_batch: dict[str, list[float]] = {way: [] for way in calls_by_way}
+            new_bound: dict[str, list[float]] = {way: [] for way in calls_by_way}
             ways = list(calls_by_way)
             for r in range(rounds):
                 for way in ways[r % len(ways):] + ways[:r % len(ways)]:
                     timed[way].append(time_calls(calls_by_way[way], calls))
                     new_batch[way].append(new_batch_by_way[way]())
+                    new_bound[way].append(new_bound_by_way[way]())
             for way, samples in timed.items():
                 gpu = statistics.median(g for g, _ in samples)
                 hosts = [h for _, h in samples]
                 row[way] = {"host_us": round(statistics.median(hosts), 1), "gpu_us": round(gpu, 1),
                             "host_us_range": [round(min(hosts), 1), round(max(hosts), 1)],
-                            "new_batch_host_us": round(statistics.median(new_batch[way]), 1)}
+                            "new_batch_host_us": round(statistics.median(new_batch[way]), 1),
+                            "new_bound_host_us": round(statistics.median(new_bound[way]), 1)}
             result.append(row)
     return result
 
 
-def _new_batch(backend, batch, weight_indices, ranks, scalings, call, first_calls: int = 2) -> float:
-    """Host us of preparing a new batch and its first ``first_calls`` module calls, their launch
-    plans built anew (an eager forward's first layer of each module shape pays this once per
-    batch; the token counts of served prompts vary, so the kept in-GEMM plans are cleared),
-    less ``first_calls`` calls of the prepared batch: what a batch costs beyond its steady calls."""
+def _new_batch(backend, batch, weight_indices, ranks, scalings, call, new_bound: bool,
+               first_calls: int = 2) -> float:
+    """Host us of preparing a new batch and its first ``first_calls`` module calls, less
+    ``first_calls`` calls of the prepared batch: what a batch costs beyond its steady calls.
+    ``new_bound``: the kept launch plans cleared first, as for a batch whose token bound
+    (``ops.kept_plan_tokens``) no earlier batch had (a way without kept plans builds its plans
+    anew for every batch either way)."""
     import torch
 
     torch.cuda.synchronize()
-    backend._eager_in_gemm_plans.clear()
+    if new_bound:
+        backend._eager_plans.clear()
     began = time.perf_counter()
     backend.prepare_lora_batch(batch, weight_indices, ranks, scalings, use_cuda_graph=False)
     for _ in range(first_calls):
@@ -338,7 +353,8 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
             f"{way} host {r[way]['host_us']:6.1f} us ({r[way]['host_us_range'][0]:.1f}-{r[way]['host_us_range'][1]:.1f}) "
-            f"GPU {r[way]['gpu_us']:7.1f} us new batch +{r[way]['new_batch_host_us']:6.1f} us" for way in EAGER_PATHS))
+            f"GPU {r[way]['gpu_us']:7.1f} us new batch +{r[way]['new_batch_host_us']:6.1f} us "
+            f"(new bound +{r[way]['new_bound_host_us']:6.1f})" for way in EAGER_PATHS))
     doc = {
         "what": "host microseconds of the atmm backend's eager path (no profiler), GPU kept busy so no call waits, "
                 "medians of rounds in which the ways take turns: one prepare_lora_batch of a 1024-token, "
@@ -347,11 +363,13 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
                 "prepared (direct, and through Triton's compiled handle) and unprepared; one allocation of the "
                 "call's intermediate; one trivial driver call (cuCtxGetCurrent) for scale; eager_module_paths: "
                 "host and GPU microseconds of one eager forward_with_base of a qkv and an o module (slots: the "
-                "pool slots appended) three ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
-                "one expand) and off (the base GEMM, then the shrink and the expand), the three ways taking turns "
+                "pool slots appended) four ways: on (--vlora-lora-gemm on), in_gemm (the shrink inside the base GEMM, "
+                "one expand), off (the base GEMM, then the shrink and the expand, launch plans kept across batches) "
+                "and off_per_batch (the same, launch plans built for every batch), the ways taking turns "
                 "over `rounds` rounds (medians; host_us_range: the host's spread over the rounds); new_batch_host_us: the "
-                "host time a new batch adds beyond its steady calls (prepare_lora_batch and the first call's "
-                "launch plans, built anew), one sample a round",
+                "host time a new batch adds beyond its steady calls (prepare_lora_batch and the first calls; kept "
+                "plans reused), new_bound_host_us: the same with the kept plans cleared (a batch of a token bound "
+                "not seen before), one sample of each a round",
         "device": torch.cuda.get_device_name(0),
         "host_us": host,
         "slots": slots,
@@ -375,7 +393,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096],
                     help="--host-only: the eager module call's token counts")
     ap.add_argument("--rounds", type=int, default=7,
-                    help="--host-only: rounds in which the eager module call's three ways take turns")
+                    help="--host-only: rounds in which the eager module call's ways take turns")
     args = ap.parse_args()
     if args.slots < 2 or min(args.tokens) < 1 or args.rounds < 1:
         ap.error("--slots must be at least 2 (one slot is the pool's empty one), --tokens and --rounds positive")

@@ -75,9 +75,9 @@ SIDE_STREAM_MAX_TOKENS = 256
 # rank: faster than the eager shrink and expand in every prefill cell of ranks 8-64 of the H200
 # kernel runs, slower at 128 (docs/atmm.md).
 LORA_GEMM_MAX_RANK = 64
-# Prepared in-GEMM expand launches kept across eager batches (by token count and module shape);
+# Launch plans kept across eager batches (by module shape and token bound, ops.kept_plan_tokens);
 # past this many the cache starts over.
-EAGER_IN_GEMM_PLANS = 256
+EAGER_PLANS = 256
 # Profiler ranges around batch preparation and the eager LoRA calls (docs/perf.md), off unless
 # asked for: a range costs host time on every call even when no profiler runs.
 _profile_range = (
@@ -182,7 +182,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Batches prepared, by the layout they were written for (a graph batch is replayed
         # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
         self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0, "eager_lora_gemm": 0,
-                                  "eager_in_gemm": 0}
+                                  "eager_in_gemm": 0, "eager_kept": 0}
         # Eager batches of at most this many tokens compute the shrink inside the base GEMM too, on
         # the layers with the appended rows (one launch a module fewer); their items go into
         # static buffers allocated once, so the prepared expand launches serve every later batch.
@@ -190,7 +190,13 @@ class ATMMLoRABackend(BaseLoRABackend):
                                          else VLoRAConfig.eager_in_gemm_max_tokens)
         self.eager_static: StaticWorkItems | None = None
         self.eager_in_gemm = False  # whether the prepared batch runs it
-        self._eager_in_gemm_plans: dict[tuple, object] = {}
+        # Whether eager batches' items go into the static buffers (eager_static) for every layer,
+        # run by launch plans kept across batches (ops.lora_apply_kept; the in-GEMM layers' too):
+        # where the Triton kernels run them (impl "auto" on a GPU, or "triton"). Else each batch
+        # builds its device items and prepares its launches anew (ops.lora_apply).
+        self.kept_plans = impl == "triton" or (impl == "auto" and torch.device(device).type == "cuda")
+        self.eager_kept = False  # whether the prepared batch runs them
+        self._eager_plans: dict[tuple, object] = {}
         # An eager batch's items in the tokens' order (no permutation) for ops.lora_apply_gemm, on
         # the layers with the appended-rows stack; None where that op does not run (--vlora-lora-gemm).
         self.gemm_items: WorkItems | None = None
@@ -293,7 +299,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
         if graph is not None:
             self.gemm_items = None
-            self.eager_in_gemm = False
+            self.eager_in_gemm = self.eager_kept = False
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
             if graph == "prefill":
@@ -316,18 +322,22 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.static_items = None
         num_tokens = sum(seq_lens)
         item_args = (starts, lengths, slots, lora_ranks, scalings, merged_slot)
-        if self.shrink_in_gemm and self.gemm_items is None and num_tokens <= self.eager_in_gemm_max_tokens:
-            # The layers with the appended rows read only the static buffers: the items go there
-            # from the host, and their device copy waits for a layer that asks (work_items).
+        in_gemm_fits = self.shrink_in_gemm and num_tokens <= self.eager_in_gemm_max_tokens
+        if self.gemm_items is None and (self.kept_plans or in_gemm_fits):
+            # The layers read the static buffers: the items go there from the host, and their
+            # device copy waits for a call that asks (work_items: SGLang's own LoRA path, or a
+            # shape whose table pick is not Triton).
             host_items = mode_work_items(*item_args, device="cpu")
             self._count_work(host_items.num_items, "eager")
-            self.eager_in_gemm = self.has_lora_work
-            if self.eager_in_gemm:
-                self._eager_static_items().fill(host_items, num_tokens, permutation)
-                self.batches_by_layout["eager_in_gemm"] += 1
+            self.eager_in_gemm = self.has_lora_work and in_gemm_fits
+            self.eager_kept = self.has_lora_work and self.kept_plans
+            if self.has_lora_work:
+                self._eager_static_items(num_tokens).fill(host_items, num_tokens, permutation, cover_to=num_tokens)
+                self.batches_by_layout["eager_in_gemm"] += self.eager_in_gemm
+                self.batches_by_layout["eager_kept"] += self.eager_kept
             self._work_items, self._deferred_items = None, (item_args, permutation)
         else:
-            self.eager_in_gemm = False
+            self.eager_in_gemm = self.eager_kept = False
             self.work_items = self._device_items(item_args, permutation)
             self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
@@ -351,12 +361,18 @@ class ATMMLoRABackend(BaseLoRABackend):
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         return mode_work_items(*item_args, device=self.device, permutation=perm)
 
-    def _eager_static_items(self) -> StaticWorkItems:
-        """The eager in-GEMM batches' items: static buffers for up to ``eager_in_gemm_max_tokens``
-        tokens, allocated at the first such batch and never moved."""
-        if self.eager_static is None:
-            self.eager_static = self._allocate_static(self.eager_in_gemm_max_tokens, self.eager_in_gemm_max_tokens)
-        return self.eager_static
+    def _eager_static_items(self, num_tokens: int) -> StaticWorkItems:
+        """The eager batches' static items, for at least ``num_tokens`` tokens: allocated at the
+        first batch, for the next power of two of its tokens (at least 1024, and the in-GEMM
+        limit), and reallocated only for a larger batch (the kept plans, which hold the
+        buffers' addresses, then start over)."""
+        static = self.eager_static
+        if static is None or static.max_tokens < num_tokens:
+            max_tokens = max(1024, self.eager_in_gemm_max_tokens, 1 << (num_tokens - 1).bit_length())
+            # Items are bounded by the pool's slots (group_by_slot), not the requests.
+            static = self.eager_static = self._allocate_static(self.max_loras_per_batch, max_tokens)
+            self._eager_plans.clear()
+        return static
 
     def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets,
                              layer=None) -> None:
@@ -388,9 +404,12 @@ class ATMMLoRABackend(BaseLoRABackend):
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
                 gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
+            if self.kept_plans:
+                ops.compile_kept(x, lora_a, lora_b, self._eager_static_items(x.shape[0]), list(offsets), output)
             if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
                 gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
-                ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, self._eager_static_items(), list(offsets))
+                ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, self._eager_static_items(x.shape[0]),
+                                    list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 
@@ -474,17 +493,28 @@ class ATMMLoRABackend(BaseLoRABackend):
         if self.eager_in_gemm:
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None:
-                if len(self._eager_in_gemm_plans) >= EAGER_IN_GEMM_PLANS:
-                    self._eager_in_gemm_plans.clear()
                 with _profile_range("vlora.eager_lora"):
                     return ops.lora_apply_static_in_gemm(x, fused.weight, fused.bias, fused.out_features, lora_b,
                                                          self.eager_static, slice_offsets, self.impl,
-                                                         plans=self._eager_in_gemm_plans)
+                                                         plans=self._kept_plans_dict())
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
-        output = base_fn()
+        return self._eager_apply(x, lora_a, lora_b, slice_offsets, base_fn())
+
+    def _eager_apply(self, x, lora_a, lora_b, slice_offsets: list[int], output: torch.Tensor) -> torch.Tensor:
+        """``output += LoRA`` of an eager batch: by the kept plans over the static items where they
+        run this shape, else over the batch's device items."""
         with _profile_range("vlora.eager_lora"):
+            if self.eager_kept and ops.lora_apply_kept(x, lora_a, lora_b, self.eager_static, slice_offsets, output,
+                                                       self._kept_plans_dict(), self.impl):
+                return output
             return ops.lora_apply(x, lora_a, lora_b, self.work_items, slice_offsets, output, self.impl)
+
+    def _kept_plans_dict(self) -> dict:
+        """The kept launch plans, started over past ``EAGER_PLANS`` of them."""
+        if len(self._eager_plans) >= EAGER_PLANS:
+            self._eager_plans.clear()
+        return self._eager_plans
 
     def _lora_gemm(self, layer, x, lora_a, lora_b, slice_offsets: list[int]) -> torch.Tensor | None:
         """Base + bias + LoRA of an eager batch in ATMM's own GEMM (ops.lora_apply_gemm), over the
@@ -571,8 +601,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets)
             return ops.lora_apply_static(x, lora_a, lora_b, self.static_items, offsets, output, impl=self.impl)
-        with _profile_range("vlora.eager_lora"):
-            return ops.lora_apply(x, lora_a, lora_b, self.work_items, offsets, output, self.impl)
+        return self._eager_apply(x, lora_a, lora_b, offsets, output)
 
     @staticmethod
     def _output(base_output, x, offsets):

@@ -252,10 +252,11 @@ def lora_apply_static_in_gemm(
     a new contiguous ``[m, out_features]`` output. ``items`` must cover every token
     (``StaticWorkItems.allocate(covers_tokens=True)``).
 
-    ``plans``: for an eager batch, the expand goes through a launch prepared once per token
-    count and module shape and kept in this dict across batches (the caller owns and bounds
-    it). That is right because ``items`` are static buffers, filled per batch and never
-    moved; the separate shrink would take a second launch. An eager batch picks its
+    ``plans``: for an eager batch, the expand goes through a launch prepared once per module
+    shape and token bound (:func:`kept_plan_tokens`) and kept in this dict across batches (the
+    caller owns and bounds it). That is right because ``items`` are static buffers, filled per
+    batch and never moved, whose copy items reach no further than the batch's tokens
+    (``fill(cover_to=...)``); the separate shrink would take a second launch. An eager batch picks its
     implementation as the eager ops do (``impl="auto"`` on CPU tensors: the torch form, even
     under Triton's interpreter). None (graph capture, where a launch's host cost does not
     matter): the plain launch."""
@@ -266,12 +267,14 @@ def lora_apply_static_in_gemm(
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)
     output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
     if plans is not None and not _static_torch(output, impl):
-        key = (x.shape[0], y.dtype, y.stride(), out_features, tuple(b_buffer.shape), b_buffer.stride(),
+        bound = kept_plan_tokens(x.shape[0])
+        key = ("in_gemm", bound, y.dtype, y.stride(), out_features, tuple(b_buffer.shape), b_buffer.stride(),
                tuple(slice_offsets))
         plan = plans.get(key)
         if plan is None:
             inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
-            plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout)
+            plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout,
+                                                     bound)
         plan(y, b_buffer, output)
         return output
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
@@ -292,26 +295,27 @@ def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer
     y = torch.empty((x.shape[0], gemm_rows), dtype=x.dtype, device=x.device)
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
     output = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
-    _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout)
+    _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout, x.shape[0])
 
 
 def _in_gemm_expand_plan(inter, b_buffer, items: StaticWorkItems, slice_offsets: tuple[int, ...], output,
-                         layout: in_gemm.InGemmLayout) -> Callable:
-    """``plan(y, b_buffer, output)``: the in-GEMM expand of this token count and module shape over
-    ``items``' buffers (whatever they are filled with), every table config compiled; ``y`` is the
-    GEMM's output, of the shape and strides of the one ``inter`` and ``layout`` are views of."""
+                         layout: in_gemm.InGemmLayout, bound: int) -> Callable:
+    """``plan(y, b_buffer, output)``: the in-GEMM expand of this module shape for batches of up to
+    ``bound`` tokens over ``items``' buffers (whatever they are filled with), every table config
+    compiled; ``y`` is the GEMM's output, of the strides of the one ``inter`` and ``layout`` are
+    views of."""
     from sglang_vlora.atmm import triton_kernels
 
     num_slices = len(slice_offsets) - 1
-    m, rank = output.shape[0], b_buffer.shape[2]
-    cfg = _pick("expand_in_gemm", output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
-    layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
+    rank = b_buffer.shape[2]
+    cfg = _pick("expand_in_gemm", output, (slice_offsets[-1], num_slices, rank, bound), "triton")[1]
+    layers, num_layers, partners = static_expand_layout(items)
     args = (inter, b_buffer, output, items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts,
-            layers, num_layers, items.ranks, items.permutation, slice_offsets, m)
+            layers, num_layers, items.ranks, items.permutation, slice_offsets, bound)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": rank}
     _compile_table_configs("expand_in_gemm", key, output, lambda c: triton_kernels.launch_expand(
         *args, c, compile_only=True, partners=partners, in_gemm=layout))
-    prepared = triton_kernels.prepare_expand(*args, cfg, partners=partners, in_gemm=layout)
+    prepared = triton_kernels.prepare_expand(*args, cfg, partners=partners, in_gemm=layout, m_tokens=bound)
     out_features, num_slots = layout.base.shape[1], b_buffer.shape[0]
     inter_offset = out_features * inter.element_size()  # the slots' columns start after the base's
 
@@ -325,6 +329,120 @@ def _in_gemm_expand_plan(inter, b_buffer, items: StaticWorkItems, slice_offsets:
             if not launch.at(addresses, dtypes):  # its first call: Triton's launch, given the views
                 inter, layout = in_gemm.split_output(y, out_features, num_slots)
                 launch(inter, b, out, layout.base)
+
+    return run
+
+
+# ---- eager batches over static items, their launches kept across batches -------------------
+
+# Kept launch plans are built for a token bound: the next power of two up to this many tokens,
+# then the next multiple of it (a batch of 1300 tokens runs the plan of 1536). Larger steps mean
+# fewer plans to build while serving, more row tiles that exit at once.
+KEPT_PLAN_STEP = 256
+_UNBUILT = object()
+
+
+def kept_plan_tokens(num_tokens: int) -> int:
+    """The token bound of the kept plans that run a batch of ``num_tokens`` tokens."""
+    if num_tokens <= KEPT_PLAN_STEP:
+        return max(16, 1 << (num_tokens - 1).bit_length())
+    return -(-num_tokens // KEPT_PLAN_STEP) * KEPT_PLAN_STEP
+
+
+def lora_apply_kept(
+    x: torch.Tensor,
+    a_buffer: torch.Tensor,
+    b_buffer: torch.Tensor,
+    items: StaticWorkItems,
+    slice_offsets: list[int],
+    output: torch.Tensor,
+    plans: dict,
+    impl: str = "auto",
+) -> bool:
+    """``output += LoRA`` for an eager batch whose items were written into ``items`` (static
+    buffers, filled per batch, never moved), as :func:`lora_apply` computes it, through Triton
+    launches prepared once per module shape and token bound (:func:`kept_plan_tokens`) and kept
+    in ``plans`` across batches (the caller owns and bounds it). :func:`lora_apply` prepares its
+    launches anew for every batch, from that batch's items: on a host-bound eager forward that
+    cost as much host time as the batch's steady LoRA calls (docs/perf.md). The grids are sized
+    for the bound (row tiles past the batch's items exit at once, as a graph's padding rows
+    do); the configs are the table's for the bound and the pool's max rank, not the batch's.
+
+    Returns False, launching nothing, where ``impl`` is ``"auto"`` and the table picks another
+    implementation than Triton for the shrink or the expand of this shape (cuBLAS in some large
+    prefill cells): the caller then runs :func:`lora_apply` over the batch's ``WorkItems``.
+    ``impl``: ``"auto"`` or ``"triton"``, on CUDA tensors or under Triton's interpreter."""
+    bound = kept_plan_tokens(x.shape[0])
+    key = ("apply", bound, x.dtype, x.shape[1], x.stride(), tuple(a_buffer.shape), a_buffer.stride(),
+           tuple(b_buffer.shape), b_buffer.stride(), output.dtype, output.stride(), tuple(slice_offsets))
+    plan = plans.get(key, _UNBUILT)
+    if plan is _UNBUILT:
+        plan = plans[key] = _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, bound,
+                                             impl, plans)
+    if plan is None:
+        return False
+    plan(x, a_buffer, b_buffer, output)
+    return True
+
+
+def compile_kept(x: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
+                 slice_offsets: list[int], output: torch.Tensor) -> None:
+    """Compile, launching nothing, the kernels :func:`lora_apply_kept` may run for this module
+    shape over these buffers at any token count (what its first plan compiles)."""
+    if not _static_torch(x, "auto"):
+        _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, x.shape[0], "auto", {})
+
+
+class _Intermediate:
+    """The shrink rows of every kept plan of one width and dtype: one tensor, grown to the
+    largest plan's rows. Each layer's expand reads it before the next layer's shrink writes it,
+    in the order of the one stream an eager forward runs on."""
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+
+    def reserve(self, rows: int, width: int, like: torch.Tensor) -> torch.Tensor:
+        if self.tensor is None or self.tensor.shape[0] < rows:
+            self.tensor = torch.empty((rows, width), dtype=like.dtype, device=like.device)
+        return self.tensor
+
+
+def _kept_apply_plan(x, a_buffer, b_buffer, items: StaticWorkItems, slice_offsets: tuple[int, ...], output,
+                     bound: int, impl: str, plans: dict) -> Callable | None:
+    """``plan(x, a_buffer, b_buffer, output)`` of :func:`lora_apply_kept`, every table config of the
+    static variant compiled; None where the table picks another implementation than Triton."""
+    from sglang_vlora.atmm import triton_kernels
+
+    _check_shrink_shapes(x, a_buffer)
+    if impl not in ("auto", "triton"):
+        raise ValueError(f"kept plans run the Triton kernels: impl 'auto' or 'triton', got {impl!r}")
+    num_slices, width, rank = len(slice_offsets) - 1, a_buffer.shape[1], b_buffer.shape[2]
+    shrink_impl, shrink_cfg = _pick("shrink", x, (x.shape[1], width, bound), impl)
+    expand_impl, expand_cfg = _pick("expand", output, (slice_offsets[-1], num_slices, rank, bound), impl)
+    if shrink_impl != "triton" or expand_impl != "triton":
+        return None
+    rows = items.max_rows(bound)
+    intermediate = plans.setdefault(("intermediate", x.device, x.dtype, width), _Intermediate())
+    inter = intermediate.reserve(rows, width, x)
+    segments = (items.seg_starts, items.seg_lens, items.slots)
+    shrink_args = (x, a_buffer, inter, *segments, items.row_starts, items.ranks, items.permutation, num_slices, rows)
+    layers, num_layers, partners = static_expand_layout(items)
+    expand_args = (inter, b_buffer, output, *segments, items.scales, items.row_starts, layers, num_layers, items.ranks,
+                   items.permutation, slice_offsets, bound)
+    variant = (items.capacity, items.max_layers, items.paired)  # the static buffers' kernel variant
+    _compile_table_configs("shrink", {"k": x.shape[1], "n": width}, x, lambda c: triton_kernels.launch_shrink(
+        *shrink_args, c, compile_only=True), variant)
+    _compile_table_configs("expand", {"n": slice_offsets[-1], "s": num_slices, "r": rank}, output,
+                           lambda c: triton_kernels.launch_expand(*expand_args, c, compile_only=True,
+                                                                  partners=partners), variant)
+    shrink = triton_kernels.prepare_shrink(*shrink_args, shrink_cfg)
+    expand = triton_kernels.prepare_expand(*expand_args, expand_cfg, partners=partners)
+
+    def run(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        inter = intermediate.tensor
+        shrink(x, a, inter)
+        for launch in expand:
+            launch(inter, b, out, out)
 
     return run
 
@@ -371,7 +489,7 @@ def lora_expand_static(
     rank = b_buffer.shape[2]
     op = "expand" if gemm_layout is None else "expand_in_gemm"
     cfg = _pick(op, output, (slice_offsets[-1], num_slices, rank, m), "triton")[1]
-    layers, num_layers, partners = (None, 1, items.partners) if items.paired else (items.layers, items.max_layers, None)
+    layers, num_layers, partners = static_expand_layout(items)
     triton_kernels.launch_expand(
         intermediate,
         b_buffer,
@@ -392,6 +510,14 @@ def lora_expand_static(
         in_gemm=gemm_layout,
     )
     return output
+
+
+def static_expand_layout(items: StaticWorkItems) -> tuple[torch.Tensor | None, int, torch.Tensor | None]:
+    """``(layers, num_layers, partners)`` for the Triton expand over static items: with pairs one
+    launch reading the partners, else one launch per overlap layer the buffers allow."""
+    if items.paired:
+        return None, 1, items.partners
+    return items.layers, items.max_layers, None
 
 
 def _static_torch(t: torch.Tensor, impl: str) -> bool:
@@ -444,14 +570,17 @@ def _cuda_available() -> bool:
 _COMPILED: set[tuple] = set()
 
 
-def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compile_one: Callable) -> None:
+def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compile_one: Callable,
+                           variant: tuple = ()) -> None:
     """Compile, the first time a shape is seen, the Triton kernel of every config the
     table may pick for it at any token count: a token count first seen while serving
-    would otherwise compile its kernel then (about a second), in a user's request."""
+    would otherwise compile its kernel then (about a second), in a user's request.
+    ``variant``: what else selects the kernel's constexprs (the static buffers' capacity and
+    layers), so that each variant is compiled once."""
     from sglang_vlora.atmm import tiling
 
     dev = _device_name(t)
-    seen = (op, dev, t.dtype, *sorted(key.items()))
+    seen = (op, dev, t.dtype, *sorted(key.items()), variant)
     if seen in _COMPILED or not t.is_cuda:
         return
     _COMPILED.add(seen)

@@ -124,14 +124,18 @@ class StaticWorkItems:
         """Static bound on shrink rows: each layer covers every token at most once."""
         return self.max_layers * num_tokens
 
-    def fill(self, items: WorkItems, num_tokens: int, permutation: list[int] | None = None) -> None:
+    def fill(self, items: WorkItems, num_tokens: int, permutation: list[int] | None = None,
+             cover_to: int | None = None) -> None:
         """Write a batch's items into the buffers in place (one copy, no sync).
 
         Reads only host lists: the items' and ``permutation`` (the token of each segment
         position; None: the items' own permutation, read back to the host, or the identity). Call outside capture, before running or replaying
         a graph captured for at least ``num_tokens`` tokens (the batch's tokens; the
         graph's padded size may be larger). Entries past the batch's item count are
-        zeroed, so stale items of an earlier, larger batch do nothing.
+        zeroed, so stale items of an earlier, larger batch do nothing. ``cover_to``: with
+        ``covers_tokens``, the copy items reach up to this position (default: ``max_tokens``,
+        a graph's padding rows included); an eager batch, whose output has exactly its own
+        rows, passes its token count.
 
         The identity is written only where an earlier batch left a permutation (the
         buffer holds it from allocation): a prefill graph's buffers cover thousands of
@@ -143,7 +147,7 @@ class StaticWorkItems:
         seg_starts, seg_lens, slots = items.seg_starts_host, items.seg_lens_host, items.slots_host
         scales, layers, partners = items.scales_host, items.layers_host, items.partners_host
         if self.covers_tokens:
-            copies = gaps(items, self.max_tokens)
+            copies = gaps(items, self.max_tokens if cover_to is None else cover_to)
             if copies:
                 seg_starts = [*seg_starts, *(start for start, _ in copies)]
                 seg_lens = [*seg_lens, *(length for _, length in copies)]
@@ -162,6 +166,8 @@ class StaticWorkItems:
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
         if len(items.ranks_host) != self.copy_slot:
             raise ValueError("rank table size differs from the allocated number of slots")
+        if cover_to is not None and not num_tokens <= cover_to <= self.max_tokens:
+            raise ValueError(f"copy items up to {cover_to} for {num_tokens} tokens in buffers of {self.max_tokens}")
         if permutation is not None and len(permutation) > num_tokens:
             raise ValueError(f"a permutation of {len(permutation)} tokens for a batch of {num_tokens}")
         # Copy items never read shrink rows: theirs start at 0.

@@ -561,19 +561,24 @@ def prepare_expand(
     config: ExpandConfig,
     partners: torch.Tensor | None = None,
     in_gemm: InGemmLayout | None = None,
+    m_tokens: int | None = None,
 ) -> list[PreparedLaunch]:
     """:func:`launch_expand` with these arguments, prepared: one launch per overlap layer,
     each called as ``prepared(inter, b_buffer, output, base)``, where ``base`` is the tensor
     the kernel reads the base from: the output itself, updated in place, or with ``in_gemm``
-    the base columns of the GEMM's output (``in_gemm.base``'s shape and strides)."""
+    the base columns of the GEMM's output (``in_gemm.base``'s shape and strides).
+    ``m_tokens``: with ``in_gemm``, the tokens past which items' positions are skipped
+    (default ``output.shape[0]``); a launch kept for outputs of up to ``m_tokens`` rows passes
+    its bound, and items that reach no further than each call's rows."""
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
-                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners, in_gemm)
+                          num_layers, ranks, permutation, slice_offsets, row_bound, config, partners, in_gemm,
+                          m_tokens)
     return [PreparedLaunch(_EXPAND, *call, config.num_warps, config.num_stages, lead=4) for call in calls]
 
 
 def _expand_calls(
     inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers, num_layers, ranks, permutation,
-    slice_offsets, row_bound, config, partners=None, in_gemm=None,
+    slice_offsets, row_bound, config, partners=None, in_gemm=None, m_tokens=None,
 ) -> list[tuple]:
     n_items = seg_lens.numel()
     if in_gemm is not None and num_layers > 1:
@@ -629,7 +634,7 @@ def _expand_calls(
             output.stride(1),
             output.stride(0) if in_gemm is None else in_gemm.base.stride(0),
             0 if in_gemm is None else in_gemm.slot_width * inter.stride(1),
-            output.shape[0],
+            output.shape[0] if m_tokens is None else m_tokens,
             n_items,
         )
         calls.append((grid, args, constexprs))

@@ -302,10 +302,12 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
         # a second time for the device.
         assert backend._work_items is None or not has_work, label
         # A layer without the appended rows, in the same batch: the base GEMM, then the shrink and
-        # expand, over device items built now.
+        # expand; Triton's over the same static buffers (kept plans), the reference over device
+        # items built now.
         plain = backend.forward_with_base(SimpleNamespace(), x, lambda x=x: x @ w.T + bias, a, b, None, offsets)
         torch.testing.assert_close(plain.double(), expected, rtol=1e-4, atol=1e-4, msg=label)
-        assert backend._work_items is not None, label
+        assert backend.eager_kept == (has_work and impl == "triton"), label
+        assert (backend._work_items is None) == backend.eager_kept, label
         if has_work:
             static = backend.eager_static
             buffers = buffers or (static.packed.data_ptr(), static.permutation.data_ptr())
@@ -319,12 +321,87 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
                                   runtime=rt)
         backend.shrink_in_gemm = True
         backend.prepare_lora_batch(extend_batch(lens), [1, 3][: len(lens)], SLOTS_RANKS, SCALINGS, use_cuda_graph=False)
-        assert not backend.eager_in_gemm and backend.eager_static is None
+        assert not backend.eager_in_gemm and backend.eager_kept == (impl == "triton")
         x = torch.randn(sum(lens), D_IN, generator=g)
         got = backend.forward_with_base(layer, x, lambda x=x: x @ w.T + bias, a, b, None, offsets)
         token_slots = [s for n, s in zip(lens, [1, 3], strict=False) for _ in range(n)]
         expected = base_of(x) + reference(x, a, b, token_slots, slices)[0]
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+# (label, merged slot, (tokens, slot) per request) of consecutive eager batches run by kept plans:
+# token counts that share a bound (ops.kept_plan_tokens), and one past the eager buffers' first size
+KEPT_BATCHES = [
+    ("unmerge: one adapter's requests apart (permuted), the no-adapter slot; bound 32", None,
+     [(5, 1), (3, 3), (4, 1), (2, 0), (6, 2)]),
+    ("unmerge: other adapters, another token count of the same bound", None, [(17, 3), (10, 2)]),
+    ("mixture: base-only requests, the same bound", 2, [(4, 1), (3, 2), (6, 0), (2, 3), (5, 2)]),
+    ("unmerge: one request, bound 16, stale entries left", None, [(9, 3)]),
+    ("mixture: past the buffers' first 1024 tokens (reallocated, plans start over)", 2,
+     [(700, 2), (300, 1), (100, 3)]),
+    ("unmerge: bound 32 again, after the reallocation", None, [(12, 1), (8, 3)]),
+]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kept plans run Triton (its interpreter)")
+def test_eager_batches_run_launch_plans_kept_across_batches():
+    """Eager batches whose items go into static buffers, run by launch plans kept per module shape
+    and token bound (ops.lora_apply_kept): every batch of KEPT_BATCHES in turn, through
+    forward_with_base and SGLang's qkv call, against fp64 with NaN past every rank; a batch of a
+    bound seen before builds no plan, and no batch builds device items."""
+    slices = [12, 6, 6]
+    a, b, _, _, _ = stacked_layer(slices, seed=51)
+    g = torch.Generator().manual_seed(52)
+    rt = VLoRARuntime(VLoRAConfig())
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="triton",
+                              runtime=rt)
+    assert backend.kept_plans
+    offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
+    plans = []
+    for label, merged, requests in KEPT_BATCHES:
+        rt.controller = FakeController(merged)
+        lens, slots = [n for n, _ in requests], [s for _, s in requests]
+        backend.prepare_lora_batch(extend_batch(lens), slots, list(SLOTS_RANKS), list(SCALINGS), use_cuda_graph=False)
+        assert backend.eager_kept and not backend.eager_in_gemm, label
+        x = torch.randn(sum(lens), D_IN, generator=g)
+        expected = mode_reference(x, a, b, [s for n, s in requests for _ in range(n)], slices, merged)[0]
+        for kind in ("with_base", "qkv"):
+            base = torch.randn(sum(lens), offsets[-1], generator=g)
+            got = run_layer(backend, kind, x, a, b, offsets, base.clone())
+            torch.testing.assert_close(got.double() - base.double(), expected, rtol=1e-4, atol=1e-4,
+                                       msg=f"{label} ({kind})")
+        assert backend._work_items is None, label
+        plans.append(sorted(key[1] for key in backend._eager_plans if key[0] == "apply"))
+    assert plans == [[32], [32], [32], [16, 32], [1280], [32, 1280]]
+    assert backend.eager_static.max_tokens == 2048
+    assert backend.batches_by_layout["eager_kept"] == len(KEPT_BATCHES)
+
+
+def test_kept_plans_leave_a_shape_the_table_gives_another_implementation(monkeypatch):
+    """Where the tiling table picks cuBLAS (or the CUDA kernel) for a shape, ops.lora_apply_kept
+    launches nothing and says so, once per shape: the caller runs lora_apply over device items."""
+    from sglang_vlora.atmm import ops
+    from sglang_vlora.atmm.static_items import StaticWorkItems
+
+    picks = []
+    monkeypatch.setattr(ops, "_pick", lambda op, t, dims, impl: picks.append(op) or ("cublas", None))
+    items = StaticWorkItems.allocate(capacity=4, max_tokens=64, num_slots=len(SLOTS_RANKS), device="cpu")
+    a, b = pools([20])
+    x, out = torch.randn(10, D_IN), torch.zeros(10, 20)
+    plans = {}
+    for _ in range(2):
+        assert not ops.lora_apply_kept(x, a, b, items, [0, 20], out, plans, impl="auto")
+    assert torch.equal(out, torch.zeros(10, 20)) and picks == ["shrink", "expand"]
+    with pytest.raises(ValueError, match="Triton"):
+        ops.lora_apply_kept(x, a, b, items, [0, 20], out, {}, impl="cuda")
+
+
+def test_kept_plan_bounds():
+    """Powers of two (at least 16) up to 256 tokens, then multiples of 256."""
+    from sglang_vlora.atmm.ops import kept_plan_tokens
+
+    assert [kept_plan_tokens(n) for n in (1, 16, 17, 200, 256, 257, 1000, 1024, 1300, 8192)] == [
+        16, 16, 32, 256, 256, 512, 1024, 1024, 1536, 8192]
 
 
 def test_graph_path_matches_eager_path_in_mixture():
@@ -459,7 +536,7 @@ def test_prefill_graph_path_replays_any_batch_in_its_buckets(impl):
         assert static.packed.data_ptr() == buffers, "buffers reallocated"
 
     assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS),
-                                         "eager_lora_gemm": 0, "eager_in_gemm": 0}
+                                         "eager_lora_gemm": 0, "eager_in_gemm": 0, "eager_kept": 0}
     # A batch above the prefill graph's limits never reaches it (SGLang runs it eagerly): refused.
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS + 1]), [1], SLOTS_RANKS, SCALINGS, False, True)
@@ -510,20 +587,25 @@ def test_decode_and_small_prefill_graph_batches_overlap_the_shrink_on_the_side_s
     assert streams == [side, None, side, "eager", side]
 
 
-def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(monkeypatch):
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(monkeypatch, impl):
     """A server whose forwards all replay graphs compiles each captured module shape's eager
-    kernels at the first batch prepared outside a capture (SGLang's warm-up), once."""
+    kernels at the first batch prepared outside a capture (SGLang's warm-up), once: the per-batch
+    plans' and, where eager batches run kept plans (Triton), theirs over the eager static items."""
     import sglang_vlora.backend as backend_module
     from sglang_vlora.atmm import ops
 
-    calls = []
+    calls, kept = [], []
     monkeypatch.setattr(ops, "compile_eager", lambda x, a, b, items, offsets, out, impl: calls.append(
         (x.dtype, x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.num_items)))
+    monkeypatch.setattr(ops, "compile_kept", lambda x, a, b, items, offsets, out: kept.append(
+        (x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.max_tokens)))
     capturing = [False]
     monkeypatch.setattr(backend_module, "_capturing", lambda device: capturing[0])
     slices = [12, 6, 6]
     a, b = pools(slices, seed=9)
-    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="torch")
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl=impl)
+    assert backend.kept_plans == (impl == "triton")
     backend.init_prefill_cuda_graph_batch_info(max_num_tokens=16, max_num_requests=2)
     offsets = reference(torch.zeros(1, D_IN), a, b, [0], slices)[1]
     for capture in (False, True):  # a graph batch run outside a capture, then a capture
@@ -542,6 +624,7 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     capturing[0] = False
     backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
     assert len(calls) == 1
+    assert kept == [(D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], 1024)][: impl == "triton"]
 
 
 def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compiled(monkeypatch):
@@ -572,7 +655,7 @@ def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compi
         for _ in range(2):  # the second eager batch compiles nothing more
             backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
         rows = offsets[-1] + a.shape[0] * a.shape[1]
-        assert calls == [(D_IN, rows, offsets[-1], b.data_ptr(), list(offsets), True, 16)][:expected], limit
+        assert calls == [(D_IN, rows, offsets[-1], b.data_ptr(), list(offsets), True, 1024)][:expected], limit
 
 
 def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
