@@ -14,7 +14,7 @@ kernel the model runs, summed over Qwen2-VL-7B's 28 layers x (qkv shrink + expan
 shrink + expand). Prints a table, writes JSON and a PNG.
 
     python bench/layer_cost.py --host-only [--slots 8] [--tokens 1024 2048 4096] [--rounds 7] \\
-        [--out bench/results --tag host_cost_h200]
+        [--policy unmerge-only] [--out bench/results --tag host_cost_h200]
 
 times only the host side of the eager path (GPU), ``host_cost`` below, and one eager module
 call four ways (``eager_module_paths``: ``--slots`` pool slots appended, at each of ``--tokens``),
@@ -201,7 +201,7 @@ COUNTED_LAYOUTS = ("eager_lora_gemm", "eager_in_gemm", "eager_kept")
 
 
 def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls: int = 100,
-                       slots: int = 8, rounds: int = 7) -> list[dict]:
+                       slots: int = 8, rounds: int = 7, policy: str | None = None) -> list[dict]:
     """Per LoRA module of a Qwen2-VL-7B layer (qkv with bias, o without; one rank-64 adapter over
     the whole batch; a pool of ``slots`` slots, SGLang's default 8, appended to the base weight),
     host and GPU microseconds of one eager ``forward_with_base`` call of the ``atmm`` backend
@@ -215,7 +215,9 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
     busy so that no call waits; GPU: CUDA events around ``calls`` calls back to back. The ways
     take turns over ``rounds`` rounds (the order rotated each round) and each figure is the
     median of its rounds, with the host's range: this host's speed drifts by more than the
-    ways differ, so timing them one after another would compare different speeds."""
+    ways differ, so timing them one after another would compare different speeds. ``policy``:
+    ``--vlora-policy`` of every way (None: the default); under ``unmerge-only`` no batch can hold
+    overlapping items, so the static buffers and their kernels take one layer of items, no pairs."""
     import functools
     from types import SimpleNamespace
 
@@ -253,7 +255,7 @@ def eager_module_paths(tokens_list: tuple[int, ...] = (1024, 2048, 4096), calls:
             ranks, scalings = [0] + [RANK] * (slots - 1), [0.0] + [2.0] * (slots - 1)
             calls_by_way, new_batch_by_way, new_bound_by_way = {}, {}, {}
             for setting, (options, kept_plans, layouts) in EAGER_PATHS.items():
-                options = {"eager_in_gemm_max_tokens": tokens, **options}
+                options = {"eager_in_gemm_max_tokens": tokens, **({"policy": policy} if policy else {}), **options}
                 runtime = VLoRARuntime(VLoRAConfig(**options))
                 backend = ATMMLoRABackend(max_loras_per_batch=slots, device=dev, runtime=runtime)
                 backend.shrink_in_gemm = True
@@ -341,15 +343,17 @@ def plot(result: list[dict], path: Path) -> None:
 
 
 def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...] = (1024, 2048, 4096),
-                    rounds: int = 7) -> None:
+                    rounds: int = 7, policy: str | None = None) -> None:
     """``host_cost()`` and ``eager_module_paths(tokens, slots=slots, rounds=rounds)`` as a
     results file of its own, with the run's provenance."""
     import provenance
     import torch
 
+    from sglang_vlora.config import VLoRAConfig
+
     host = host_cost()
     print(f"host per eager call (us): {host}")
-    paths = eager_module_paths(tokens, slots=slots, rounds=rounds)
+    paths = eager_module_paths(tokens, slots=slots, rounds=rounds, policy=policy)
     for r in paths:
         print(f"{r['module']:3} {r['tokens']:5d} tokens: " + " | ".join(
             f"{way} host {r[way]['host_us']:6.1f} us ({r[way]['host_us_range'][0]:.1f}-{r[way]['host_us_range'][1]:.1f}) "
@@ -374,6 +378,7 @@ def write_host_cost(out: Path, tag: str, slots: int = 8, tokens: tuple[int, ...]
         "host_us": host,
         "slots": slots,
         "rounds": rounds,
+        "policy": policy or VLoRAConfig.policy,
         "eager_module_paths": paths,
     }
     path = provenance.write_results(out, tag, doc, "bench/layer_cost.py", sys.argv[1:])
@@ -392,13 +397,16 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="--host-only: pool slots appended to the base weight")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096],
                     help="--host-only: the eager module call's token counts")
+    ap.add_argument("--policy", default=None,
+                    help="--host-only: --vlora-policy of the eager module call's ways (default: the plugin's)")
     ap.add_argument("--rounds", type=int, default=7,
                     help="--host-only: rounds in which the eager module call's ways take turns")
     args = ap.parse_args()
     if args.slots < 2 or min(args.tokens) < 1 or args.rounds < 1:
         ap.error("--slots must be at least 2 (one slot is the pool's empty one), --tokens and --rounds positive")
     if args.host_only:
-        write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens), args.rounds)
+        write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens), args.rounds,
+                        args.policy)
         return
     if args.profile is None or args.table is None:
         ap.error("--profile and --table are needed unless --host-only")

@@ -81,9 +81,9 @@ def test_eager_batches_run_launch_plans_kept_across_batches():
                 pool_a, pool_b, None, tuple(QKV)))
         assert kept.eager_kept and not per_batch.eager_kept
         assert kept._work_items is None  # the static buffers only
-        # With slot 2 merged the base weights would hold it; here they do not, so the expected
-        # output is the base less slot 2's delta on every token but its own, plus each own adapter.
-        ref = reference(x, layer, pool_a, pool_b, requests)
+        # Slot 2 merged: the base weights would hold it (here they do not), so its tokens get
+        # nothing and every other token its own adapter less slot 2's delta.
+        ref = reference(x, layer, pool_a, pool_b, [(n, 0 if s == merged else s) for n, s in requests])
         if merged is not None:
             ref -= reference(x, layer, pool_a, pool_b, [(n, merged if s != merged else 0) for n, s in requests])
             ref += reference(x, layer, pool_a, pool_b, [(sum(lens), 0)])
