@@ -188,7 +188,10 @@ class ATMMLoRABackend(BaseLoRABackend):
         # static buffers allocated once, so the prepared expand launches serve every later batch.
         self.eager_in_gemm_max_tokens = (cfg.eager_in_gemm_max_tokens if cfg is not None
                                          else VLoRAConfig.eager_in_gemm_max_tokens)
+        # The static items the prepared eager batch was written into: one of _eager_buffers, by
+        # whether the batch may hold mixture's pairs (an adapter merged) or not.
         self.eager_static: StaticWorkItems | None = None
+        self._eager_buffers: dict[bool, StaticWorkItems] = {}
         self.eager_in_gemm = False  # whether the prepared batch runs it
         # Whether eager batches' items go into the static buffers (eager_static) for every layer,
         # run by launch plans kept across batches (ops.lora_apply_kept; the in-GEMM layers' too):
@@ -239,16 +242,19 @@ class ATMMLoRABackend(BaseLoRABackend):
         if self.side_stream is None and torch.device(self.device).type == "cuda":
             self.side_stream = torch.cuda.Stream(device=self.device)
 
-    def _allocate_static(self, max_requests: int, max_tokens: int) -> StaticWorkItems:
+    def _allocate_static(self, max_requests: int, max_tokens: int, layers: int | None = None) -> StaticWorkItems:
+        """``layers``: overlap layers of items (default: the graphs', ``graph_layers``); more
+        than one means mixture's pairs."""
         # Segments are grouped by slot (group_by_slot): at most one per pool slot, so the
         # items (and the kernels' grids) are bounded by the slots, not the batch size.
+        layers = self.graph_layers if layers is None else layers
         return StaticWorkItems.allocate(
             capacity=max_mode_items(min(max_requests, self.max_loras_per_batch)),
             max_tokens=max_tokens,
             num_slots=self.max_loras_per_batch,
             device=self.device,
-            max_layers=self.graph_layers,
-            paired=self.graph_layers > 1,
+            max_layers=layers,
+            paired=layers > 1,
             covers_tokens=self.shrink_in_gemm,
         )
 
@@ -332,7 +338,8 @@ class ATMMLoRABackend(BaseLoRABackend):
             self.eager_in_gemm = self.has_lora_work and in_gemm_fits
             self.eager_kept = self.has_lora_work and self.kept_plans
             if self.has_lora_work:
-                self._eager_static_items(num_tokens).fill(host_items, num_tokens, permutation, cover_to=num_tokens)
+                self.eager_static = self._eager_static_items(num_tokens, paired=merged_slot is not None)
+                self.eager_static.fill(host_items, num_tokens, permutation, cover_to=num_tokens)
                 self.batches_by_layout["eager_in_gemm"] += self.eager_in_gemm
                 self.batches_by_layout["eager_kept"] += self.eager_kept
             self._work_items, self._deferred_items = None, (item_args, permutation)
@@ -361,17 +368,23 @@ class ATMMLoRABackend(BaseLoRABackend):
         perm = None if permutation is None else self._on_device(permutation, torch.int32)
         return mode_work_items(*item_args, device=self.device, permutation=perm)
 
-    def _eager_static_items(self, num_tokens: int) -> StaticWorkItems:
-        """The eager batches' static items, for at least ``num_tokens`` tokens: allocated at the
-        first batch, for the next power of two of its tokens (at least 1024, and the in-GEMM
-        limit), and reallocated only for a larger batch (the kept plans, which hold the
+    def _eager_static_items(self, num_tokens: int, paired: bool) -> StaticWorkItems:
+        """The eager batches' static items for at least ``num_tokens`` tokens, ``paired`` for
+        batches with an adapter merged (mixture's pairs: two layers of shrink rows, the expand
+        reading partners), else one layer of items: that kernel variant is cheaper (the paired
+        one took up to 29% more GPU time in the H200's q/k/v cells, docs/perf.md). Allocated at
+        the first such batch, for the next power of two of its tokens (at least 1024, and the
+        in-GEMM limit), and reallocated only for a larger batch (the kept plans, which hold the
         buffers' addresses, then start over)."""
-        static = self.eager_static
+        paired = paired and self.graph_layers > 1
+        static = self._eager_buffers.get(paired)
         if static is None or static.max_tokens < num_tokens:
             max_tokens = max(1024, self.eager_in_gemm_max_tokens, 1 << (num_tokens - 1).bit_length())
             # Items are bounded by the pool's slots (group_by_slot), not the requests.
-            static = self.eager_static = self._allocate_static(self.max_loras_per_batch, max_tokens)
-            self._eager_plans.clear()
+            if static is not None:
+                self._eager_plans.clear()  # they hold the old buffers' addresses
+            static = self._eager_buffers[paired] = self._allocate_static(
+                self.max_loras_per_batch, max_tokens, layers=self.graph_layers if paired else 1)
         return static
 
     def _note_captured_shape(self, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, offsets,
@@ -404,12 +417,13 @@ class ATMMLoRABackend(BaseLoRABackend):
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
                 gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
-            if self.kept_plans:
-                ops.compile_kept(x, lora_a, lora_b, self._eager_static_items(x.shape[0]), list(offsets), output)
-            if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
-                gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
-                ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, self._eager_static_items(x.shape[0]),
-                                    list(offsets))
+            for paired in (False, True)[: self.graph_layers]:  # paired buffers only where adapters merge
+                static = self._eager_static_items(x.shape[0], paired)
+                if self.kept_plans:
+                    ops.compile_kept(x, lora_a, lora_b, static, list(offsets), output)
+                if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
+                    gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
+                    ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, static, list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 

@@ -268,8 +268,8 @@ def lora_apply_static_in_gemm(
     output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
     if plans is not None and not _static_torch(output, impl):
         bound = kept_plan_tokens(x.shape[0])
-        key = ("in_gemm", bound, y.dtype, y.stride(), out_features, tuple(b_buffer.shape), b_buffer.stride(),
-               tuple(slice_offsets))
+        key = ("in_gemm", bound, items.paired, y.dtype, y.stride(), out_features, tuple(b_buffer.shape),
+               b_buffer.stride(), tuple(slice_offsets))
         plan = plans.get(key)
         if plan is None:
             inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
@@ -362,7 +362,8 @@ def lora_apply_kept(
     """``output += LoRA`` for an eager batch whose items were written into ``items`` (static
     buffers, filled per batch, never moved), as :func:`lora_apply` computes it, through Triton
     launches prepared once per module shape and token bound (:func:`kept_plan_tokens`) and kept
-    in ``plans`` across batches (the caller owns and bounds it). :func:`lora_apply` prepares its
+    in ``plans`` across batches (the caller owns and bounds it; one ``items`` per value of
+    ``items.paired``, which the plans' key holds). :func:`lora_apply` prepares its
     launches anew for every batch, from that batch's items: on a host-bound eager forward that
     cost as much host time as the batch's steady LoRA calls (docs/perf.md). The grids are sized
     for the bound (row tiles past the batch's items exit at once, as a graph's padding rows
@@ -373,8 +374,9 @@ def lora_apply_kept(
     prefill cells): the caller then runs :func:`lora_apply` over the batch's ``WorkItems``.
     ``impl``: ``"auto"`` or ``"triton"``, on CUDA tensors or under Triton's interpreter."""
     bound = kept_plan_tokens(x.shape[0])
-    key = ("apply", bound, x.dtype, x.shape[1], x.stride(), tuple(a_buffer.shape), a_buffer.stride(),
-           tuple(b_buffer.shape), b_buffer.stride(), output.dtype, output.stride(), tuple(slice_offsets))
+    key = ("apply", bound, items.paired, x.dtype, x.shape[1], x.stride(), tuple(a_buffer.shape),
+           a_buffer.stride(), tuple(b_buffer.shape), b_buffer.stride(), output.dtype, output.stride(),
+           tuple(slice_offsets))
     plan = plans.get(key, _UNBUILT)
     if plan is _UNBUILT:
         plan = plans[key] = _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, bound,

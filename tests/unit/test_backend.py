@@ -283,7 +283,7 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
     def base_of(x):
         return x.double() @ w.double().T + bias.double()
 
-    buffers, ran = None, 0
+    buffers, ran = {}, 0
     for label, merged, requests in EAGER_BATCHES:
         rt.controller = FakeController(merged)
         lens, slots = [n for n, _ in requests], [s for _, s in requests]
@@ -310,8 +310,9 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
         assert (backend._work_items is None) == backend.eager_kept, label
         if has_work:
             static = backend.eager_static
-            buffers = buffers or (static.packed.data_ptr(), static.permutation.data_ptr())
-            assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers, "buffers reallocated"
+            assert static.paired == (merged is not None), label
+            buffers.setdefault(static.paired, (static.packed.data_ptr(), static.permutation.data_ptr()))
+            assert (static.packed.data_ptr(), static.permutation.data_ptr()) == buffers[static.paired], label
     assert backend.batches_by_layout["eager_in_gemm"] == ran == 4
 
     # Above the limit, and with the limit 0: the usual path, with SGLang's base GEMM.
@@ -348,7 +349,8 @@ def test_eager_batches_run_launch_plans_kept_across_batches():
     """Eager batches whose items go into static buffers, run by launch plans kept per module shape
     and token bound (ops.lora_apply_kept): every batch of KEPT_BATCHES in turn, through
     forward_with_base and SGLang's qkv call, against fp64 with NaN past every rank; a batch of a
-    bound seen before builds no plan, and no batch builds device items."""
+    bound seen before builds no plan, and no batch builds device items. Batches with an adapter
+    merged go into paired buffers (two layers of shrink rows), the others into one-layer ones."""
     slices = [12, 6, 6]
     a, b, _, _, _ = stacked_layer(slices, seed=51)
     g = torch.Generator().manual_seed(52)
@@ -371,9 +373,12 @@ def test_eager_batches_run_launch_plans_kept_across_batches():
             torch.testing.assert_close(got.double() - base.double(), expected, rtol=1e-4, atol=1e-4,
                                        msg=f"{label} ({kind})")
         assert backend._work_items is None, label
-        plans.append(sorted(key[1] for key in backend._eager_plans if key[0] == "apply"))
-    assert plans == [[32], [32], [32], [16, 32], [1280], [32, 1280]]
-    assert backend.eager_static.max_tokens == 2048
+        assert backend.eager_static.paired == (merged is not None), label
+        plans.append(sorted(key[1:3] for key in backend._eager_plans if key[0] == "apply"))
+    # (bound, paired): mixture batches in buffers of their own; a reallocation starts every plan over
+    assert plans == [[(32, False)], [(32, False)], [(32, False), (32, True)], [(16, False), (32, False), (32, True)],
+                     [(1280, True)], [(32, False), (1280, True)]]
+    assert backend._eager_buffers[True].max_tokens == 2048 and backend._eager_buffers[False].max_tokens == 1024
     assert backend.batches_by_layout["eager_kept"] == len(KEPT_BATCHES)
 
 
@@ -599,7 +604,7 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     monkeypatch.setattr(ops, "compile_eager", lambda x, a, b, items, offsets, out, impl: calls.append(
         (x.dtype, x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.num_items)))
     monkeypatch.setattr(ops, "compile_kept", lambda x, a, b, items, offsets, out: kept.append(
-        (x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.max_tokens)))
+        (x.shape[1], a.data_ptr(), b.data_ptr(), offsets, out.shape[1], items.max_tokens, items.paired)))
     capturing = [False]
     monkeypatch.setattr(backend_module, "_capturing", lambda device: capturing[0])
     slices = [12, 6, 6]
@@ -624,7 +629,9 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     capturing[0] = False
     backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
     assert len(calls) == 1
-    assert kept == [(D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], 1024)][: impl == "triton"]
+    # Both eager buffer sets where adapters may merge: one-layer items, and mixture's pairs.
+    assert kept == [(D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], 1024, paired)
+                    for paired in (False, True)][: 2 * (impl == "triton")]
 
 
 def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compiled(monkeypatch):
@@ -641,7 +648,7 @@ def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compi
         calls = []
         monkeypatch.setattr(ops, "compile_eager", lambda *args: None)
         monkeypatch.setattr(ops, "compile_in_gemm", lambda x, rows, out, b_buffer, items, offs, calls=calls: calls.append(
-            (x.shape[1], rows, out, b_buffer.data_ptr(), offs, items.covers_tokens, items.max_tokens)))
+            (x.shape[1], rows, out, b_buffer.data_ptr(), offs, items.covers_tokens, items.max_tokens, items.paired)))
         capturing = [True]
         monkeypatch.setattr(backend_module, "_capturing", lambda device, capturing=capturing: capturing[0])
         rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=limit))
@@ -655,7 +662,8 @@ def test_a_captured_layer_with_appended_rows_gets_its_eager_in_gemm_expand_compi
         for _ in range(2):  # the second eager batch compiles nothing more
             backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
         rows = offsets[-1] + a.shape[0] * a.shape[1]
-        assert calls == [(D_IN, rows, offsets[-1], b.data_ptr(), list(offsets), True, 1024)][:expected], limit
+        assert calls == [(D_IN, rows, offsets[-1], b.data_ptr(), list(offsets), True, 1024, paired)
+                         for paired in (False, True)][: 2 * expected], limit
 
 
 def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
