@@ -10,14 +10,19 @@ and runs every LoRA-wrapped layer through :mod:`sglang_vlora.atmm.ops`.
 
 Two batch layouts, one item builder:
 
-* eager (prefill, decode without graphs): the items as :class:`WorkItems`; the
-  kernels' grids come from their host copies. On the layers whose base weight carries the
-  pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at most
-  ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as graph
-  batches do, from static items allocated once and filled per batch
-  (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module where the separate
-  shrink takes two, and the expand's prepared launch is kept across batches of one token
-  count. An eager forward is bound by the host's kernel launches (docs/perf.md).
+* eager (prefill, decode without graphs): the items written from the host into static
+  buffers allocated once (one set for batches with an adapter merged, whose mixture items
+  come in pairs, one for the others), and every layer run by launch plans kept across batches,
+  per module shape and token bound (``ops.lora_apply_kept``; their grids sized for the bound):
+  an eager forward is bound by the host's kernel launches (docs/perf.md), and building a
+  batch's plans anew cost as much host time as its steady LoRA calls. On the layers whose base
+  weight carries the pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at
+  most ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as
+  graph batches do (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module
+  where the separate shrink takes two. The items as device :class:`WorkItems`, whose grids come
+  from their host copies, are built only where a call needs them: SGLang's own LoRA path, a
+  shape the table gives cuBLAS or the CUDA kernel, ``--vlora-atmm-impl`` other than auto/triton
+  (or auto on a CPU, which runs the reference), or ``--vlora-lora-gemm on``.
 * CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
   written by :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers
   allocated once per graph family (capacity: the most items any mode gives for the
@@ -372,7 +377,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         """The eager batches' static items for at least ``num_tokens`` tokens, ``paired`` for
         batches with an adapter merged (mixture's pairs: two layers of shrink rows, the expand
         reading partners), else one layer of items: that kernel variant is cheaper (the paired
-        one took up to 29% more GPU time in the H200's q/k/v cells, docs/perf.md). Allocated at
+        one took up to 30% more GPU time in the H200's q/k/v cells, docs/perf.md). Allocated at
         the first such batch, for the next power of two of its tokens (at least 1024, and the
         in-GEMM limit), and reallocated only for a larger batch (the kept plans, which hold the
         buffers' addresses, then start over)."""
