@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sglang_vlora.atmm import tiling  # noqa: E402
+from sglang_vlora.config import POLICIES  # noqa: E402
 
 LAYERS = 28
 HIDDEN, KV = 3584, 512
@@ -404,6 +405,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.slots < 2 or min(args.tokens) < 1 or args.rounds < 1:
         ap.error("--slots must be at least 2 (one slot is the pool's empty one), --tokens and --rounds positive")
+    if args.policy is not None and args.policy not in POLICIES:
+        ap.error(f"--policy must be one of {POLICIES}, got {args.policy!r}")
     if args.host_only:
         write_host_cost(args.out, args.tag or "host_cost_h200", args.slots, tuple(args.tokens), args.rounds,
                         args.policy)

@@ -356,10 +356,11 @@ class ATMMLoRABackend(BaseLoRABackend):
 
     @property
     def work_items(self) -> WorkItems | None:
-        """The prepared eager batch's items on the device; None for a graph batch. A batch that
-        may run the shrink inside the GEMM builds them at the first call that reads them (a
-        layer without the appended rows, or SGLang's own LoRA path), not before: its layers
-        with the rows read only the static buffers."""
+        """The prepared eager batch's items on the device; None for a graph batch. A batch whose
+        items went into the static buffers (kept plans, or the shrink inside the GEMM) builds them
+        at the first call that reads them (SGLang's own LoRA path, a shape the table gives another
+        implementation than Triton, a layer without the appended rows when plans are not kept),
+        not before: the other calls read only the static buffers."""
         if self._deferred_items is not None:
             self._work_items = self._device_items(*self._deferred_items)
             self._deferred_items = None
@@ -422,13 +423,16 @@ class ATMMLoRABackend(BaseLoRABackend):
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
                 gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
-            for paired in (False, True)[: self.graph_layers]:  # paired buffers only where adapters merge
-                static = self._eager_static_items(x.shape[0], paired)
-                if self.kept_plans:
-                    ops.compile_kept(x, lora_a, lora_b, static, list(offsets), output)
-                if gemm_bias is not None and self.eager_in_gemm_max_tokens > 0:
-                    gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
-                    ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, static, list(offsets))
+            in_gemm = gemm_bias is not None and self.eager_in_gemm_max_tokens > 0
+            if self.kept_plans or in_gemm:
+                # Paired eager buffers exist only where an adapter can be merged.
+                for paired in (False, True) if self.graph_layers > 1 else (False,):
+                    static = self._eager_static_items(x.shape[0], paired)
+                    if self.kept_plans:
+                        ops.compile_kept(x, lora_a, lora_b, static, list(offsets), output)
+                    if in_gemm:
+                        gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
+                        ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, static, list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 

@@ -374,9 +374,8 @@ def lora_apply_kept(
     prefill cells): the caller then runs :func:`lora_apply` over the batch's ``WorkItems``.
     ``impl``: ``"auto"`` or ``"triton"``, on CUDA tensors or under Triton's interpreter."""
     bound = kept_plan_tokens(x.shape[0])
-    key = ("apply", bound, items.paired, x.dtype, x.shape[1], x.stride(), tuple(a_buffer.shape),
-           a_buffer.stride(), tuple(b_buffer.shape), b_buffer.stride(), output.dtype, output.stride(),
-           tuple(slice_offsets))
+    key = ("apply", bound, items.paired, x.dtype, x.shape[1], x.stride(), a_buffer.shape, a_buffer.stride(),
+           b_buffer.shape, b_buffer.stride(), output.dtype, output.stride(), tuple(slice_offsets))
     plan = plans.get(key, _UNBUILT)
     if plan is _UNBUILT:
         plan = plans[key] = _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, bound,
@@ -390,9 +389,11 @@ def lora_apply_kept(
 def compile_kept(x: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
                  slice_offsets: list[int], output: torch.Tensor) -> None:
     """Compile, launching nothing, the kernels :func:`lora_apply_kept` may run for this module
-    shape over these buffers at any token count (what its first plan compiles)."""
+    shape over these buffers at any token count (what its first plan compiles). The Triton
+    configs are compiled whatever the table picks at this stand-in's token count: a cuBLAS pick
+    there says nothing of the bounds a served batch has."""
     if not _static_torch(x, "auto"):
-        _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, x.shape[0], "auto", {})
+        _kept_apply_plan(x, a_buffer, b_buffer, items, tuple(slice_offsets), output, x.shape[0], "triton", {})
 
 
 class _Intermediate:

@@ -141,6 +141,8 @@ class StaticWorkItems:
         buffer holds it from allocation): a prefill graph's buffers cover thousands of
         tokens, and writing them all would cost more host time than the batch's items.
         """
+        if cover_to is not None and not num_tokens <= cover_to <= self.max_tokens:
+            raise ValueError(f"copy items up to {cover_to} for {num_tokens} tokens in buffers of {self.max_tokens}")
         n = items.num_items
         if permutation is None and items.permutation is not None:
             permutation = items.permutation.tolist()
@@ -166,8 +168,6 @@ class StaticWorkItems:
             raise ValueError(f"items need more rows than {num_tokens} tokens allow")
         if len(items.ranks_host) != self.copy_slot:
             raise ValueError("rank table size differs from the allocated number of slots")
-        if cover_to is not None and not num_tokens <= cover_to <= self.max_tokens:
-            raise ValueError(f"copy items up to {cover_to} for {num_tokens} tokens in buffers of {self.max_tokens}")
         if permutation is not None and len(permutation) > num_tokens:
             raise ValueError(f"a permutation of {len(permutation)} tokens for a batch of {num_tokens}")
         # Copy items never read shrink rows: theirs start at 0.

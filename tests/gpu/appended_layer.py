@@ -1,6 +1,7 @@
 """The q/k/v layer and pool of ``test_graph_modes`` with the pool's A rows appended to the base
-weight (``in_gemm_weights``' layout), in bf16 on the GPU, and the fp64 reference of a batch
-through it, for the GPU checks of the eager paths that read those rows."""
+weight (``in_gemm_weights``' layout), in bf16 on the GPU, the fp64 reference of a batch
+through it, and an eager batch as SGLang hands it to the backend, for the GPU checks of the
+eager paths."""
 
 from __future__ import annotations
 
@@ -45,3 +46,11 @@ def reference(x: torch.Tensor, layer, pool_a: torch.Tensor, pool_b: torch.Tensor
                                                                @ bd[slot, lo:hi, :r].T)
         start += n
     return ref
+
+
+def extend_batch(lens: list[int]) -> SimpleNamespace:
+    """An extend (prefill) batch of requests of ``lens`` tokens, as the backend reads it."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(lens),
+                           extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=list(lens))

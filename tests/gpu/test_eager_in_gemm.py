@@ -16,12 +16,11 @@ Run on a GPU machine with SGLang installed: ``TRITON_INTERPRET=0 python -m pytes
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.gpu.appended_layer import appended_qkv_layer, reference
+from tests.gpu.appended_layer import appended_qkv_layer, extend_batch, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -37,7 +36,6 @@ BATCHES = [  # (tokens, slot) per request
 
 def test_eager_batches_compute_the_shrink_in_the_base_gemm(monkeypatch):
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_vlora.atmm.fast_launch import PreparedLaunch
     from sglang_vlora.backend import ATMMLoRABackend
@@ -62,8 +60,7 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm(monkeypatch):
     for round_, requests in enumerate([*BATCHES, BATCHES[0]]):
         lens = [n for n, _ in requests]
         x = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
-        batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(requests),
-                                extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=lens)
+        batch = extend_batch(lens)
         outputs = []
         for backend in (in_gemm, separate):
             backend.prepare_lora_batch(batch, [s for _, s in requests], RANKS, SCALINGS, use_cuda_graph=False)

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.gpu.appended_layer import appended_qkv_layer, reference
+from tests.gpu.appended_layer import appended_qkv_layer, extend_batch, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D
 
 pytestmark = pytest.mark.skipif(
@@ -50,7 +50,6 @@ class Merged:
 
 def test_eager_batches_run_launch_plans_kept_across_batches():
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
@@ -69,8 +68,7 @@ def test_eager_batches_run_launch_plans_kept_across_batches():
         runtime.controller = Merged(merged)
         lens = [n for n, _ in requests]
         x = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
-        batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(requests),
-                                extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=lens)
+        batch = extend_batch(lens)
         outputs = []
         for backend in (kept, per_batch):
             backend.prepare_lora_batch(batch, [s for _, s in requests], list(RANKS), list(SCALINGS),

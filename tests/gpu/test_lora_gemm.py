@@ -14,12 +14,11 @@ Run on a GPU machine with SGLang installed: ``TRITON_INTERPRET=0 python -m pytes
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.gpu.appended_layer import appended_qkv_layer, reference
+from tests.gpu.appended_layer import appended_qkv_layer, extend_batch, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -32,7 +31,6 @@ REQUESTS = [(512, 1), (128, 2), (256, 0), (384, 1), (64, 3), (192, 2)]  # (token
 
 def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_vlora.backend import ATMMLoRABackend
     from sglang_vlora.config import VLoRAConfig
@@ -46,8 +44,7 @@ def test_eager_batch_runs_the_lora_in_the_plugins_gemm():
     rt = VLoRARuntime(VLoRAConfig(lora_gemm="on"))
     backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
     backend.shrink_in_gemm = True
-    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=len(REQUESTS),
-                            extend_seq_lens=torch.tensor(lens, dtype=torch.int32), extend_seq_lens_cpu=lens)
+    batch = extend_batch(lens)
     backend.prepare_lora_batch(batch, [s for _, s in REQUESTS], RANKS, SCALINGS, use_cuda_graph=False)
     assert backend.gemm_items is not None
     got = backend.forward_with_base(layer, xs, lambda: pytest.fail("SGLang's base GEMM ran"), pool_a, pool_b, None,

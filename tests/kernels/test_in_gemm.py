@@ -138,3 +138,18 @@ def test_gaps_are_the_positions_no_kept_item_covers() -> None:
     assert gaps(items, 16) == [(0, 2), (6, 3), (12, 4)]
     assert gaps(build_work_items([], [], [], [], RANKS), 5) == [(0, 5)]
     assert gaps(build_work_items([0], [5], [1], [1.0], RANKS), 5) == []
+
+
+def test_eager_fill_covers_only_the_batch_tokens() -> None:
+    """``fill(cover_to=n)`` (eager batches, whose output has exactly their rows) adds copy items up to
+    ``n`` only; a bound below the batch's tokens or past the buffers is refused, nothing written."""
+    items = build_work_items([2], [3], [1], [1.0], RANKS)
+    static = allocate(16, False)
+    static.fill(items, 8, cover_to=8)
+    lens = static.seg_lens.tolist()
+    assert (static.seg_starts.tolist()[:3], lens[:3], sum(lens)) == ([2, 0, 5], [3, 2, 3], 8)
+    before = static.packed.clone()
+    for cover_to in (7, 17):
+        with pytest.raises(ValueError, match="copy items up to"):
+            static.fill(items, 8, cover_to=cover_to)
+    assert torch.equal(static.packed, before)
