@@ -256,12 +256,16 @@ def lora_apply_static_in_gemm(
     shape and token bound (:func:`kept_plan_tokens`) and kept in this dict across batches (the
     caller owns and bounds it). That is right because ``items`` are static buffers, filled per
     batch and never moved, whose copy items reach no further than the batch's tokens
-    (``fill(cover_to=...)``); the separate shrink would take a second launch. An eager batch picks its
+    (``fill(cover_to=...)``, checked: a launch kept for a larger bound would write the rows past
+    the batch's output); the separate shrink would take a second launch. An eager batch picks its
     implementation as the eager ops do (``impl="auto"`` on CPU tensors: the torch form, even
     under Triton's interpreter). None (graph capture, where a launch's host cost does not
     matter): the plain launch."""
     if not items.covers_tokens:
         raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
+    if plans is not None and items.covered_to != x.shape[0]:
+        raise ValueError(f"an eager batch of {x.shape[0]} tokens over items whose copy items reach position "
+                         f"{items.covered_to}: fill them with cover_to={x.shape[0]}")
     if plans is not None and _kernel_impl(x, impl) is None:
         impl = "torch"  # an eager batch follows the eager ops' rule: "auto" on CPU tensors is the reference
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)

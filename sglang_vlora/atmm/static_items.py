@@ -58,6 +58,10 @@ class StaticWorkItems:
     # Positions [0, _permuted) of ``permutation`` may hold an earlier batch's permutation; every
     # later position holds the identity (written once, at allocation).
     _permuted: int = 0
+    # With covers_tokens: the position the last fill's copy items reach (its cover_to, else
+    # max_tokens). An eager in-GEMM launch kept for a token bound writes every row they reach,
+    # so it checks that this is its batch's own row count (ops.lora_apply_static_in_gemm).
+    covered_to: int = 0
 
     @classmethod
     def allocate(
@@ -148,8 +152,9 @@ class StaticWorkItems:
             permutation = items.permutation.tolist()
         seg_starts, seg_lens, slots = items.seg_starts_host, items.seg_lens_host, items.slots_host
         scales, layers, partners = items.scales_host, items.layers_host, items.partners_host
+        covered_to = self.max_tokens if cover_to is None else cover_to
         if self.covers_tokens:
-            copies = gaps(items, self.max_tokens if cover_to is None else cover_to)
+            copies = gaps(items, covered_to)
             if copies:
                 seg_starts = [*seg_starts, *(start for start, _ in copies)]
                 seg_lens = [*seg_lens, *(length for _, length in copies)]
@@ -202,6 +207,7 @@ class StaticWorkItems:
         ]
         staging = torch.tensor(values, dtype=torch.int32, pin_memory=self.packed.is_cuda)
         self.packed[: len(values)].copy_(staging, non_blocking=True)
+        self.covered_to = covered_to
 
 
 def gaps(items: WorkItems, end: int) -> list[tuple[int, int]]:

@@ -129,7 +129,7 @@ def test_eager_in_gemm_compiled_ahead_serves_every_token_count() -> None:
         for merged in (None, 2):  # unmerged, then mixture (pairs)
             work = mode_work_items([0, half], [half, tokens - half], [1, 0], [0, rank, rank], [0.0, 1.0, 0.5],
                                    merged, device="cuda")
-            items.fill(work, tokens)
+            items.fill(work, tokens, cover_to=tokens)  # an eager batch's output has its own rows
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
             ops.lora_apply_static_in_gemm(x, weight, None, offsets[-1], b, items, offsets, plans=plans)
     torch.cuda.synchronize()

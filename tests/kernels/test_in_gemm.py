@@ -153,3 +153,27 @@ def test_eager_fill_covers_only_the_batch_tokens() -> None:
         with pytest.raises(ValueError, match="copy items up to"):
             static.fill(items, 8, cover_to=cover_to)
     assert torch.equal(static.packed, before)
+
+
+def test_kept_eager_expand_needs_copy_items_up_to_the_batch(monkeypatch) -> None:
+    """An eager batch's in-GEMM expand kept for a token bound (``plans``) writes every row the
+    copy items reach, and its output has only the batch's rows: buffers filled with copy items
+    past the batch (the default ``cover_to``, the buffers' size) are refused before anything
+    runs; filled with ``cover_to`` = the batch, two batches of one bound share a plan and match
+    fp64."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gen = torch.Generator().manual_seed(10)
+    w, bias, a, b, w_ext, bias_ext = extended(gen)
+    static, plans = allocate(64, paired=False), {}
+    for tokens, lists in ((9, ([0, 4], [4, 5], [1, 3], [2.0, 1.5])), (13, ([3], [7], [2], [0.5]))):
+        x = torch.randn(tokens, D_IN, generator=gen)
+        items = build_work_items(*lists, RANKS)
+        static.fill(items, tokens)  # copy items up to 64
+        with pytest.raises(ValueError, match=f"fill them with cover_to={tokens}"):
+            ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS, impl="triton",
+                                          plans=plans)
+        static.fill(items, tokens, cover_to=tokens)
+        out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS, impl="triton",
+                                            plans=plans)
+        assert rel_err(out, reference(x, w, bias, a, b, lists)) < 1e-5
+    assert len(plans) == 1  # 9 and 13 tokens: one bound (16)
