@@ -65,6 +65,10 @@ SYSTEMS = {s.name: s for s in (
            "--vlora-eager-in-gemm-max-tokens 1536` (ATMM alone, eager batches of up to 1536 tokens with "
            "the shrink inside the base GEMM: the benchmark's 1.3-1.6k-token prompts)", plugin=True,
            policy="unmerge-only", extra_flags=("--vlora-eager-in-gemm-max-tokens", "1536")),
+    System("unmerge_only_in_gemm_2048", "`--plugin vlora --vlora-policy unmerge-only "
+           "--vlora-eager-in-gemm-max-tokens 2048` (ATMM alone, eager batches of up to 2048 tokens with "
+           "the shrink inside the base GEMM: every one-prompt batch of the benchmark's prefills)", plugin=True,
+           policy="unmerge-only", extra_flags=("--vlora-eager-in-gemm-max-tokens", "2048")),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
     System("vlora_paper", "`--plugin vlora --vlora-admission algorithm1 --vlora-keep-merged majority` "
