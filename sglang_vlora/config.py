@@ -81,7 +81,7 @@ class VLoRAConfig:
     # above the decode graphs') of at most this many tokens compute the shrink inside the base
     # GEMM as graph batches do, on the layers with the appended rows: one launch a module fewer
     # (an eager forward is bound by the host's launches). 0: eager batches keep their own shrink.
-    eager_in_gemm_max_tokens: int = 1024
+    eager_in_gemm_max_tokens: int = 1536
     # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "on" for unmerged
     # eager batches of at least lora_gemm_min_tokens tokens, on layers with the appended-rows
     # stack (shrink_in_gemm), where the op supports the operands; "off" (default) never: on
@@ -254,7 +254,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="Eager batches of at most N tokens compute the LoRA shrink inside the base GEMM too, on the "
         "layers that have the appended rows of --vlora-shrink-in-gemm (one kernel launch a module fewer); "
-        "0: eager batches run the shrink as its own kernel; at most 65536 (default 1024).",
+        "0: eager batches run the shrink as its own kernel; at most 65536 (default 1536).",
     )
     group.add_argument(
         "--vlora-lora-gemm",

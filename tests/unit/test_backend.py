@@ -354,7 +354,8 @@ def test_eager_batches_run_launch_plans_kept_across_batches():
     slices = [12, 6, 6]
     a, b, _, _, _ = stacked_layer(slices, seed=51)
     g = torch.Generator().manual_seed(52)
-    rt = VLoRARuntime(VLoRAConfig())
+    # The eager buffers' first size is the in-GEMM limit's, at least 1024 tokens: 1024 here.
+    rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=1024))
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="triton",
                               runtime=rt)
     assert backend.kept_plans
@@ -630,7 +631,8 @@ def test_module_shapes_run_in_a_capture_get_their_eager_kernels_compiled_once(mo
     backend.prepare_lora_batch(extend_batch([5]), [1], SLOTS_RANKS, SCALINGS, False, False)
     assert len(calls) == 1
     # Both eager buffer sets where adapters may merge: one-layer items, and mixture's pairs.
-    assert kept == [(D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], 1024, paired)
+    first_size = max(1024, VLoRAConfig().eager_in_gemm_max_tokens)  # the eager buffers' first size
+    assert kept == [(D_IN, a.data_ptr(), b.data_ptr(), offsets, offsets[-1], first_size, paired)
                     for paired in (False, True)][: 2 * (impl == "triton")]
 
 
