@@ -63,7 +63,7 @@ SYSTEMS = {s.name: s for s in (
            extra_flags=("--vlora-eager-in-gemm-max-tokens", "0")),
     System("unmerge_only_in_gemm_1536", "`--plugin vlora --vlora-policy unmerge-only "
            "--vlora-eager-in-gemm-max-tokens 1536` (ATMM alone, eager batches of up to 1536 tokens with "
-           "the shrink inside the base GEMM: the benchmark's 1.3-1.6k-token prompts)", plugin=True,
+           "the shrink inside the base GEMM: the default since e84b16c, spelled out)", plugin=True,
            policy="unmerge-only", extra_flags=("--vlora-eager-in-gemm-max-tokens", "1536")),
     System("unmerge_only_in_gemm_2048", "`--plugin vlora --vlora-policy unmerge-only "
            "--vlora-eager-in-gemm-max-tokens 2048` (ATMM alone, eager batches of up to 2048 tokens with "
