@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Several end-to-end calls at once on a machine of several GPUs, one call per GPU (under 10 minutes).
+#
+# Usage (repo root; .sgc and .cache/bench/git_stamp.json carried):
+#   bash bench/gpu_parallel.sh 'CALL [run flags]' ['CALL [run flags]' ...]
+# Call i runs `bash bench/gpu_e2e.sh CALL [run flags]` on GPU i (CUDA_VISIBLE_DEVICES=i), all at
+# the same time; a call line may also be `test-gpu`, which runs `make test-gpu`'s tests there instead
+# (the CUDA extension's build limited to MAX_JOBS=4 compiler jobs, to leave the other calls the CPUs).
+# Each call's servers and client see only their own GPU, so the systems of one call are still
+# compared on one GPU, with the same neighbours, as in bench/gpu_e2e.sh. The calls do share the
+# host's CPUs: a host-bound point (eager prefill) may run slower than it would alone, alike for the
+# systems of a call; compare systems within a call, not the same system across calls.
+# Writes to $OUT: <tag>.json per call, tests.log, and one calls_logs.tar.gz of every call's
+# logs (a device machine returns at most 8 files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { echo "usage: bash bench/gpu_parallel.sh 'CALL [run flags]' ..." >&2; exit 2; }
+OUT=${OUT:-/tmp/e2e_out}
+mkdir -p "$OUT"
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$#" -gt "$GPUS" ]; then
+  echo "gpu_parallel: $# calls but $GPUS GPUs" >&2
+  exit 2
+fi
+if [ -f .sgc/device_env.sh ]; then source .sgc/device_env.sh; fi  # installs once, before the calls race
+STAMP=$(date -u +%Y%m%dT%H%M%S)
+PARTS=$(mktemp -d /tmp/gpu_parallel.XXXXXX)
+pids=()
+i=0
+for line in "$@"; do
+  read -r -a words <<< "$line"
+  if [ "${words[0]}" = test-gpu ]; then
+    ( export CUDA_VISIBLE_DEVICES=$i TRITON_INTERPRET=0 MAX_JOBS=${MAX_JOBS:-4}
+      timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu "${words[@]:1}" \
+        > "$OUT/tests.log" 2>&1 ) &
+  else
+    ( export CUDA_VISIBLE_DEVICES=$i OUT=$PARTS/call$i TAG=e2e_${words[0]}_${STAMP}_gpu$i
+      bash bench/gpu_e2e.sh "${words[@]}" > "$PARTS/call$i.log" 2>&1 ) &
+  fi
+  pids+=($!)
+  i=$((i + 1))
+done
+status=0
+for j in "${!pids[@]}"; do
+  wait "${pids[$j]}"; rc=$?
+  echo "gpu_parallel: call $j (${*:$((j + 1)):1}) exited $rc"
+  [ "$rc" -eq 0 ] || status=1
+done
+for d in "$PARTS"/call*/; do
+  [ -d "$d" ] && mv "$d"/*.json "$OUT"/ 2>/dev/null
+done
+tar -czf "$OUT/calls_logs.tar.gz" -C "$PARTS" . 2>/dev/null || true
+tail -n 5 "$PARTS"/call*.log 2>/dev/null
+[ -f "$OUT/tests.log" ] && tail -n 15 "$OUT/tests.log"
+ls -la "$OUT"
+exit $status
