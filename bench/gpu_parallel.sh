@@ -23,6 +23,9 @@ if [ "$#" -gt "$GPUS" ]; then
   exit 2
 fi
 if [ -f .sgc/device_env.sh ]; then source .sgc/device_env.sh; fi  # installs once, before the calls race
+# The model and adapters every call reads, built once: calls building them at the same time
+# would write the same files.
+python3 bench/run_e2e.py prepare --scale gpu || exit 1
 STAMP=$(date -u +%Y%m%dT%H%M%S)
 PARTS=$(mktemp -d /tmp/gpu_parallel.XXXXXX)
 pids=()

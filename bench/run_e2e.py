@@ -62,6 +62,16 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force)
 
 
+def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Build a scale's model and adapters once, so that calls started side by side
+    (bench/gpu_parallel.sh) find them built instead of writing the same files at once."""
+    from bench.e2e import servers
+
+    model, adapters, _info = servers.prepare_assets(plan.setup_of(args.scale), servers.REPO / ".cache" / "bench")
+    print(f"[e2e] {args.scale}: model {_rel(model)}, {len(adapters)} adapters")
+    return {"model": str(model), "adapters": {k: str(v) for k, v in adapters.items()}}
+
+
 def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     if args.readme is not None and args.readme.resolve() == REPO / "README.md" and out.resolve() != DEFAULT_REPORT:
@@ -106,6 +116,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("calls", help="list the calls").set_defaults(func=cmd_calls)
     sub.add_parser("stamp", help="write .cache/bench/git_stamp.json").set_defaults(func=cmd_stamp)
+    pr = sub.add_parser("prepare", help="build a scale's model and adapters once (before parallel calls)")
+    pr.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    pr.set_defaults(func=cmd_prepare)
     r = sub.add_parser("run", help="run one call")
     r.add_argument("--call", required=True, help=f"one of {', '.join(plan.CALLS)}")
     r.add_argument("--systems", nargs="+", help="override the call's systems")

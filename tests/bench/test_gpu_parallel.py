@@ -26,3 +26,15 @@ def test_more_calls_than_gpus_are_refused_before_anything_starts(tmp_path):
     assert r.returncode == 2
     assert "2 calls but 0 GPUs" in r.stderr
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_prepare_builds_the_scale_assets_once_for_every_call():
+    from bench import run_e2e
+    from bench.e2e import plan
+
+    built = run_e2e.main(["prepare", "--scale", "cpu"])
+    assert Path(built["model"], "config.json").is_file()
+    assert len(built["adapters"]) == plan.setup_of("cpu").adapters
+    for folder in built["adapters"].values():
+        assert Path(folder, "adapter_config.json").is_file()
+    assert run_e2e.main(["prepare", "--scale", "cpu"]) == built  # built already: the same files
