@@ -318,7 +318,7 @@ def _in_gemm_expand_plan(inter, b_buffer, items: StaticWorkItems, slice_offsets:
             layers, num_layers, items.ranks, items.permutation, slice_offsets, bound)
     key = {"n": slice_offsets[-1], "s": num_slices, "r": rank}
     _compile_table_configs("expand_in_gemm", key, output, lambda c: triton_kernels.launch_expand(
-        *args, c, compile_only=True, partners=partners, in_gemm=layout))
+        *args, c, compile_only=True, partners=partners, in_gemm=layout), static_variant(items))
     prepared = triton_kernels.prepare_expand(*args, cfg, partners=partners, in_gemm=layout, m_tokens=bound)
     out_features, num_slots = layout.base.shape[1], b_buffer.shape[0]
     inter_offset = out_features * inter.element_size()  # the slots' columns start after the base's
@@ -436,7 +436,7 @@ def _kept_apply_plan(x, a_buffer, b_buffer, items: StaticWorkItems, slice_offset
     layers, num_layers, partners = static_expand_layout(items)
     expand_args = (inter, b_buffer, output, *segments, items.scales, items.row_starts, layers, num_layers, items.ranks,
                    items.permutation, slice_offsets, bound)
-    variant = (items.capacity, items.max_layers, items.paired)  # the static buffers' kernel variant
+    variant = static_variant(items)
     _compile_table_configs("shrink", {"k": x.shape[1], "n": width}, x, lambda c: triton_kernels.launch_shrink(
         *shrink_args, c, compile_only=True), variant)
     _compile_table_configs("expand", {"n": slice_offsets[-1], "s": num_slices, "r": rank}, output,
@@ -527,6 +527,13 @@ def static_expand_layout(items: StaticWorkItems) -> tuple[torch.Tensor | None, i
     return items.layers, items.max_layers, None
 
 
+def static_variant(items: StaticWorkItems) -> tuple[int, int, bool]:
+    """What of static buffers selects the kernels' constexprs (the expand's ``CAP``,
+    ``CHECK_LAYER`` and ``PAIRED``): a compile-ahead over one set of buffers serves another
+    only where this is the same. The eager one-layer and paired buffers differ in it."""
+    return items.capacity, items.max_layers, items.paired
+
+
 def _static_torch(t: torch.Tensor, impl: str) -> bool:
     """The static ops' torch path: ``impl="torch"``, or a CPU tensor without Triton's
     interpreter. Every other impl runs Triton (the CUDA C++ kernels size their grids
@@ -588,11 +595,17 @@ def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compil
 
     dev = _device_name(t)
     seen = (op, dev, t.dtype, *sorted(key.items()), variant)
-    if seen in _COMPILED or not t.is_cuda:
+    if seen in _COMPILED or not _compiles_ahead_for(t):
         return
     _COMPILED.add(seen)
     for cfg in tiling.triton_configs(dev, op, key):
         compile_one(cfg)
+
+
+def _compiles_ahead_for(t: torch.Tensor) -> bool:
+    """Whether kernels for tensors like ``t`` are compiled ahead: CUDA ones only (Triton's
+    interpreter compiles nothing)."""
+    return t.is_cuda
 
 
 _IDENTITY: dict[torch.device, torch.Tensor] = {}

@@ -108,8 +108,9 @@ def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
 
 def test_eager_in_gemm_compiled_ahead_serves_every_token_count() -> None:
     """``ops.compile_in_gemm`` (what the backend runs for a captured module shape with the pool's
-    rows appended) compiles every in-GEMM expand config the table may pick, so eager in-GEMM
-    batches of any token count up to the limit, plain or mixture, compile nothing at launch."""
+    rows appended, over its one-layer buffers and then its paired ones) compiles every in-GEMM
+    expand config the table may pick for both buffer sets, so eager in-GEMM batches of any token
+    count up to the limit, unmerged or mixture, compile nothing at launch."""
     from sglang_vlora.atmm import ops
     from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
     from sglang_vlora.atmm.static_items import StaticWorkItems
@@ -119,16 +120,19 @@ def test_eager_in_gemm_compiled_ahead_serves_every_token_count() -> None:
     extra = slots * 3 * rank
     weight = torch.randn(offsets[-1] + extra, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
     b = torch.randn(slots, offsets[-1], rank, device="cuda", dtype=torch.bfloat16) * rank**-0.5
-    items = StaticWorkItems.allocate(capacity=8, max_tokens=1024, num_slots=slots, device="cuda", max_layers=2,
-                                     paired=True, covers_tokens=True)
-    ops.compile_in_gemm(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), weight.shape[0], offsets[-1], b,
-                        items, offsets)
+    buffers = {paired: StaticWorkItems.allocate(capacity=8, max_tokens=1024, num_slots=slots, device="cuda",
+                                                max_layers=2 if paired else 1, paired=paired, covers_tokens=True)
+               for paired in (False, True)}
+    for paired in (False, True):  # the backend's order
+        ops.compile_in_gemm(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), weight.shape[0], offsets[-1], b,
+                            buffers[paired], offsets)
     before, plans = LAUNCH_COMPILES.count, {}
     for tokens in (40, 273, 601, 1024):
         half = tokens // 2
-        for merged in (None, 2):  # unmerged, then mixture (pairs)
+        for paired, merged in ((False, None), (True, 2)):  # unmerged, then mixture (pairs)
             work = mode_work_items([0, half], [half, tokens - half], [1, 0], [0, rank, rank], [0.0, 1.0, 0.5],
                                    merged, device="cuda")
+            items = buffers[paired]
             items.fill(work, tokens, cover_to=tokens)  # an eager batch's output has its own rows
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
             ops.lora_apply_static_in_gemm(x, weight, None, offsets[-1], b, items, offsets, plans=plans)

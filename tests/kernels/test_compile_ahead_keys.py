@@ -5,6 +5,8 @@ instead of run. The GPU check that nothing compiles while serving is tests/gpu/t
 from __future__ import annotations
 
 import inspect
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,3 +101,52 @@ def test_expand_compiled_ahead_covers_one_layer_and_mixture_batches(recorded) ->
         compiled = {key for _, ahead, key in recorded if ahead}
         launched = {key for _, ahead, key in recorded if not ahead}
         assert len(compiled) == 2 and launched == compiled, cfg
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="launches the kernels' Triton path on CPU")
+def test_eager_in_gemm_compiled_ahead_covers_the_one_layer_and_the_paired_buffers(recorded, monkeypatch) -> None:
+    """The backend compiles the eager in-GEMM expand over its one-layer buffers (unmerged
+    batches), then over its paired ones (mixture batches), whose kernel variant differs
+    (``ops.static_variant``). Both must be compiled: a variant compiled for neither is compiled
+    by a served batch, stalling every request in flight (seen on the H200 as 1-3 s compiles of
+    ``_expand_kernel`` in mixture prefills). Launches of every token count, from both buffer sets,
+    use only compiled variants."""
+    from sglang_vlora.atmm.fast_launch import FastLauncher
+    from sglang_vlora.atmm.static_items import StaticWorkItems
+    from sglang_vlora.modes.delora import max_mode_items
+
+    def record_launch(launcher, grid, args, constexprs, num_warps, num_stages):
+        config = SimpleNamespace(num_warps=num_warps, num_stages=num_stages)
+        recorded.append((launcher.fn.fn.__name__, False, _specialisation(
+            launcher, args, constexprs, config, triton_kernels.EXPAND_UNSPECIALISED)))
+
+    monkeypatch.setattr(FastLauncher, "__call__", record_launch)
+    monkeypatch.setattr(ops, "_device_name", lambda t: DEVICE)
+    monkeypatch.setattr(ops, "_compiles_ahead_for", lambda t: True)  # as on a GPU
+    monkeypatch.setattr(ops, "_COMPILED", set())
+    k, rank, slots, offsets = 512, 16, 4, [0, 512, 640, 768]
+    gemm_rows = offsets[-1] + slots * 3 * rank
+    weight = torch.randn(gemm_rows, k, dtype=torch.bfloat16) * k**-0.5
+    b = torch.randn(slots, offsets[-1], rank, dtype=torch.bfloat16)
+    buffers = {paired: StaticWorkItems.allocate(capacity=max_mode_items(slots), max_tokens=2048, num_slots=slots, device="cpu",
+                                                max_layers=2 if paired else 1, paired=paired, covers_tokens=True)
+               for paired in (False, True)}
+    for paired in (False, True):  # the backend's order (_compile_eager_kernels)
+        ops.compile_in_gemm(torch.empty(16, k, dtype=torch.bfloat16), gemm_rows, offsets[-1], b, buffers[paired],
+                            offsets)
+    compiled = {key for _, ahead, key in recorded if ahead}
+    assert compiled
+    recorded.clear()
+    plans: dict = {}
+    for tokens in (40, 273, 1001):
+        half = tokens // 2
+        for paired, merged in ((False, None), (True, 2)):  # unmerged, then mixture's pairs
+            work = mode_work_items([0, half], [half, tokens - half], [1, 0], [0, rank, rank, rank], [0.0, 1.0, 0.5, 0.5],
+                                   merged)
+            buffers[paired].fill(work, tokens, cover_to=tokens)
+            x = torch.randn(tokens, k, dtype=torch.bfloat16)
+            ops.lora_apply_static_in_gemm(x, weight, None, offsets[-1], b, buffers[paired], offsets, impl="triton",
+                                          plans=plans)
+    launched = {key for _, _, key in recorded}
+    assert {dict(key[0])["PAIRED"] for key in launched} == {False, True}
+    assert launched <= compiled, "launched a variant the compile-ahead did not compile"
