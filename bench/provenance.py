@@ -134,10 +134,12 @@ def write_stamp(path: Path = STAMP) -> dict[str, Any]:
 
 def code_state() -> dict[str, Any]:
     """The revision of the code that runs, from git or else the stamp; ``dirty`` is True
-    when the code differs from the recorded revision, None when nothing says."""
-    state = git_state()
-    if state is not None:
-        return state
+    when the code differs from the recorded revision, None when nothing says. Where git sees
+    changes and a stamp's files hash the same as the code here, the stamp's revision is the
+    code's (``git_here`` keeps what git said)."""
+    git = git_state()
+    if git is not None and not (git["dirty"] and STAMP.exists()):
+        return git
     if not STAMP.exists():
         return {"revision": None, "dirty": None, "source": "none",
                 "warning": "no .git and no stamp (run `python bench/run_e2e.py stamp` and carry "
@@ -146,6 +148,13 @@ def code_state() -> dict[str, Any]:
     now = code_hash(stamp.get("files", []))
     same = now == stamp.get("code_hash")
     state = {**stamp, "source": "stamp", "code_hash_here": now, "dirty": bool(stamp.get("dirty")) or not same}
+    if git is not None:
+        # A copy of the tree whose .git lags it (the device machine may get the last landed
+        # revision's .git beside this session's files): git calls it dirty, and only a stamp
+        # whose files hash the same says which revision the code is.
+        if not same or not set(git["dirty_paths"]) <= set(stamp.get("files", [])):
+            return git
+        state["git_here"] = {"revision": git["revision"], "dirty": git["dirty"], "dirty_paths": git["dirty_paths"]}
     if not same:
         state["warning"] = "the code differs from the stamp's revision (edited after the stamp was written)"
     return state

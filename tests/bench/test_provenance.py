@@ -44,6 +44,26 @@ def test_code_state_from_a_stamp_when_there_is_no_git(tmp_path, monkeypatch):
     assert provenance.revision_label(changed).endswith("DIRTY")
 
 
+def test_a_git_that_lags_the_tree_yields_to_a_stamp_of_the_same_code(tmp_path, monkeypatch):
+    """A copy of the tree whose .git is an older revision's: git calls the code dirty, the
+    stamp (written where the code was committed) names its revision while the files hash alike."""
+    state = provenance.git_state()
+    stamp = tmp_path / "stamp.json"
+    monkeypatch.setattr(provenance, "STAMP", stamp)
+    stamp.write_text(json.dumps({**state, "revision": "b" * 40, "dirty": False}))
+    lagging = {**state, "revision": "a" * 40, "dirty": True, "dirty_paths": state["files"][:2]}
+    monkeypatch.setattr(provenance, "git_state", lambda: lagging)
+    code = provenance.code_state()
+    assert (code["revision"], code["dirty"], code["source"]) == ("b" * 40, False, "stamp")
+    assert code["git_here"]["revision"] == "a" * 40
+    # a changed file the stamp does not list, or code that hashes otherwise: git's word stands
+    monkeypatch.setattr(provenance, "git_state", lambda: {**lagging, "dirty_paths": ["bench/new_file.py"]})
+    assert provenance.code_state()["revision"] == "a" * 40
+    stamp.write_text(json.dumps({**state, "revision": "b" * 40, "dirty": False, "code_hash": "0" * 16}))
+    monkeypatch.setattr(provenance, "git_state", lambda: lagging)
+    assert (provenance.code_state()["revision"], provenance.code_state()["dirty"]) == ("a" * 40, True)
+
+
 def test_a_repository_that_encloses_a_copy_of_the_tree_is_not_its_revision(tmp_path, monkeypatch):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     copy = tmp_path / "snapshot"
