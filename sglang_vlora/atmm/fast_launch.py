@@ -30,7 +30,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang_vlora.atmm import driver_launch
-from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
+from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES, describe_variant
 from sglang_vlora.config import DIRECT_LAUNCH_ENV, direct_launch_setting
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ class FastLauncher:
         compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         after = _variants(self.fn)
         if before is not None and after is not None and after > before:
-            LAUNCH_COMPILES.add(self.fn.__name__, time.perf_counter() - start)
+            seconds, variant = time.perf_counter() - start, describe_variant(constexprs, num_warps, num_stages)
+            LAUNCH_COMPILES.add(self.fn.__name__, seconds, variant)
+            logger.info("%s compiled in %.2f s: %s", self.fn.__name__, seconds, variant)
         if isinstance(compiled, triton.compiler.CompiledKernel):
             self._compiled[key] = compiled
 

@@ -17,14 +17,26 @@ class LaunchCompiles:
         self.count = 0
         self.seconds = 0.0
         self.by_kernel: dict[str, int] = {}
+        # per kernel variant ("<kernel> <constexprs> w<warps> s<stages>"): which variant a
+        # compile while serving was says which compile-ahead missed it
+        self.by_variant: dict[str, int] = {}
 
-    def add(self, kernel: str, seconds: float) -> None:
+    def add(self, kernel: str, seconds: float, variant: str = "") -> None:
         self.count += 1
         self.seconds += seconds
         self.by_kernel[kernel] = self.by_kernel.get(kernel, 0) + 1
+        name = f"{kernel} {variant}".strip()
+        self.by_variant[name] = self.by_variant.get(name, 0) + 1
 
     def snapshot(self) -> dict[str, Any]:
-        return {"count": self.count, "seconds": self.seconds, "by_kernel": dict(self.by_kernel)}
+        return {"count": self.count, "seconds": self.seconds, "by_kernel": dict(self.by_kernel),
+                "by_variant": dict(self.by_variant)}
+
+
+def describe_variant(constexprs: dict[str, Any], num_warps: int, num_stages: int) -> str:
+    """A compiled variant's name: its constexprs, warps and stages (booleans as 0 / 1)."""
+    values = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in constexprs.items())
+    return f"{values} w{num_warps} s{num_stages}".strip()
 
 
 LAUNCH_COMPILES = LaunchCompiles()

@@ -100,3 +100,8 @@ def test_launches_that_compile_are_counted(monkeypatch) -> None:
     launch((1,), (src, src, 8), {"BLOCK": 16}, 4, 2)
     snap = counts.snapshot()
     assert snap["count"] == 2 and snap["by_kernel"] == {"_copy": 2} and snap["seconds"] >= 0
+    # which variants compiled: what a compile-ahead that missed one must add
+    assert snap["by_variant"] == {"_copy BLOCK=8 w4 s2": 1, "_copy BLOCK=16 w4 s2": 1}
+    from sglang_vlora.atmm.launch_compiles import describe_variant
+
+    assert describe_variant({"PAIRED": True, "CAP": 16}, 8, 3) == "PAIRED=1 CAP=16 w8 s3"
