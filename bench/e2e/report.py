@@ -223,10 +223,15 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _compiles(compiles: dict[str, Any] | None) -> str:
-    """Kernel launches that compiled a variant during the measurement, and their seconds."""
+    """Kernel launches that compiled a variant during the measurement, their seconds, and
+    which variants (where the server names them): each is one a compile-ahead missed."""
     if not compiles:
         return "-"
-    return f"{compiles.get('count', 0)} ({compiles.get('seconds', 0.0):.2f} s)"
+    text = f"{compiles.get('count', 0)} ({compiles.get('seconds', 0.0):.2f} s)"
+    variants = {k: v for k, v in (compiles.get("by_variant") or {}).items() if v}
+    if variants:
+        text += ": " + "; ".join(f"{k} x{v}" for k, v in sorted(variants.items()))
+    return text
 
 
 def _long_waits(waits: dict[str, Any] | None, over: str = "0.25") -> str:

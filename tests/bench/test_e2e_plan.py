@@ -147,6 +147,14 @@ def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocat
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
     assert summary["kernel_compiles"] == {"count": 2, "seconds": 1.5, "by_kernel": {"_shrink_kernel": 2}}
     assert rows[-1].endswith("| graph 1496, eager 7 | a8 0/15, b16 2/4 | 2 (1.50 s) |"), rows[-1]
+    # a server that names the variants: those compiled during the measurement are listed
+    before["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20}
+    after["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20,
+                                              "_shrink_kernel BLOCK_M=64 w4 s3": 2}
+    summary = servers.orchestrator_summary(before, after)
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
+    assert rows[-1].endswith("| 2 (1.50 s): _shrink_kernel BLOCK_M=64 w4 s3 x2 |"), rows[-1]
 
 
 def _measurement(system, point, repeat, mean, p99=None, status="ok"):
