@@ -1,0 +1,64 @@
+"""Make the carried SGLang packages (``.sgc/whl``) smaller, keeping every module they import.
+
+The GPU machine gets the working tree and ``.sgc`` together, within a size limit, and the
+results files of ``bench/results`` grow with every benchmark call. pycountry's wheel is the
+largest of the carried ones (8 MB, 22 MB unpacked) and is imported by the servers (SGLang ->
+gguf -> mistral_common -> pydantic_extra_types), but only for its code and databases: its
+translations (``pycountry/locales``) and tests are never read. This rewrites such wheels
+without those folders (and without their ``RECORD`` lines), in place::
+
+    python bench/slim_carry.py .sgc/whl
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+# wheel name prefix -> folders inside the wheel that no server reads
+UNUSED = {"pycountry-": ("pycountry/locales/", "pycountry/tests/")}
+
+
+def slim_wheel(wheel: Path, drop: Sequence[str]) -> int:
+    """Rewrite ``wheel`` without the members under ``drop``; the bytes saved (0: nothing to drop)."""
+    with zipfile.ZipFile(wheel) as zin:
+        members = zin.infolist()
+        keep = [m for m in members if not m.filename.startswith(tuple(drop))]
+        if len(keep) == len(members):
+            return 0
+        kept = {m.filename for m in keep}
+        before = wheel.stat().st_size
+        tmp = wheel.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+            for m in keep:
+                data = zin.read(m.filename)
+                if m.filename.endswith(".dist-info/RECORD"):
+                    rows = [r for r in csv.reader(io.StringIO(data.decode())) if r and r[0] in kept]
+                    out = io.StringIO()
+                    csv.writer(out, lineterminator="\n").writerows(rows)
+                    data = out.getvalue().encode()
+                zout.writestr(m, data)
+    tmp.replace(wheel)
+    return before - wheel.stat().st_size
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("wheels", type=Path, help="the folder of carried wheels (.sgc/whl)")
+    args = p.parse_args(argv)
+    if not args.wheels.is_dir():
+        p.error(f"{args.wheels} is not a folder of wheels")
+    for wheel in sorted(args.wheels.glob("*.whl")):
+        for prefix, drop in UNUSED.items():
+            if wheel.name.startswith(prefix):
+                saved = slim_wheel(wheel, drop)
+                print(f"{wheel.name}: {saved / 2**20:.1f} MiB smaller" if saved else f"{wheel.name}: already slim")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

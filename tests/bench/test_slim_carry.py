@@ -1,0 +1,47 @@
+"""bench/slim_carry.py drops only the folders no server reads, and the wheel still installs."""
+
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from bench import slim_carry
+
+
+def _wheel(path, files):
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        record = "".join(f"{name},sha256=x,{len(text)}\n" for name, text in files.items())
+        z.writestr("pycountry-1.0.dist-info/RECORD", record + "pycountry-1.0.dist-info/RECORD,,\n")
+
+
+def test_a_wheel_loses_its_translations_and_tests_and_keeps_its_code(tmp_path):
+    wheel = tmp_path / "pycountry-1.0-py3-none-any.whl"
+    _wheel(wheel, {"pycountry/__init__.py": "NAME = 'pycountry'\n",
+                   "pycountry/databases/iso639-3.json": "{}\n",
+                   "pycountry/locales/de/LC_MESSAGES/iso639-3.mo": "x" * 5000,
+                   "pycountry/tests/test_general.py": "",
+                   "pycountry-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: pycountry\nVersion: 1.0\n",
+                   "pycountry-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"})
+    other = tmp_path / "other-1.0-py3-none-any.whl"
+    other.write_bytes(b"not touched")
+    assert slim_carry.main([str(tmp_path)]) == 0
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "pycountry/__init__.py" in names and "pycountry/databases/iso639-3.json" in names
+    assert not any(n.startswith(("pycountry/locales/", "pycountry/tests/")) for n in names)
+    record = zipfile.ZipFile(wheel).read("pycountry-1.0.dist-info/RECORD").decode()
+    assert "locales" not in record and "pycountry/__init__.py" in record
+    assert other.read_bytes() == b"not touched"
+    assert slim_carry.slim_wheel(wheel, slim_carry.UNUSED["pycountry-"]) == 0  # slim already
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                           str(target), str(wheel)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (target / "pycountry" / "__init__.py").is_file()
+
+
+def test_a_folder_that_is_not_there_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        slim_carry.main([str(tmp_path / "missing")])
