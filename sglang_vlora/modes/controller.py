@@ -9,6 +9,7 @@ hooks that build and drive it are in :mod:`sglang_vlora.modes.mode_hooks`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -87,7 +88,27 @@ class ModeController:
             torch.cuda.empty_cache()  # the per-layer storages, before SGLang sizes the KV cache
         return sorted(self.stacks)
 
+    def compile_switch_ahead(self, ranks: Iterable[int]) -> list[str]:
+        """Compile, launching nothing, the switch kernels of the stacked kinds on a GPU: the
+        one-pass fold for adapters of each of ``ranks`` and the copy back to the base weights
+        (:func:`~sglang_vlora.modes.fold_kernel.compile_ahead`). The first merge or unmerge
+        while serving would otherwise compile them, holding the scheduler, and every request in
+        flight, for as long. Kinds that are not stacks switch with torch ops (nothing to
+        compile). Returns the kinds compiled for."""
+        from sglang_vlora.modes import fold_kernel
+
+        compiled = []
+        for name, weights in self._kinds().items():
+            if isinstance(weights, torch.Tensor) and weights.is_cuda:
+                fold_kernel.compile_ahead(weights, ranks)
+                compiled.append(name)
+        return compiled
+
     def _build(self) -> SwiftSwitcher:
+        return SwiftSwitcher(self._kinds(), exact=True)
+
+    def _kinds(self) -> dict[str, torch.Tensor | list]:
+        """The switcher's kinds: per-slice views of each stack, else per-layer slices."""
         kinds: dict[str, torch.Tensor | list] = {}
         for name, modules in self.modules().items():
             offsets = _slice_offsets(modules[0])
@@ -101,7 +122,7 @@ class ModeController:
                 weight = module.base_layer.weight
                 for kind, lo, hi in zip(names, offsets, offsets[1:], strict=False):
                     kinds.setdefault(kind, []).append(weight[lo:hi])
-        return SwiftSwitcher(kinds, exact=True)
+        return kinds
 
     def _register(self, uid: str) -> None:
         pool = self.lora_manager.memory_pool

@@ -14,6 +14,7 @@ without a copy. Tile sizes are arguments (:class:`FoldConfig`); the benchmark
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -92,37 +93,13 @@ def fold(
     """``out[l] = src[l] + scale * b[l] @ a[l]`` with ``out``/``src`` ``[L, M, N]``,
     ``b`` ``[L, M, R]``, ``a`` ``[L, R, N]``; one rounding per element. Returns
     ``out``."""
-    cfg = config or FoldConfig()
     layers, m, n = out.shape
     r = a.shape[1]
     if src.shape != out.shape or tuple(b.shape) != (layers, m, r) or tuple(a.shape) != (layers, r, n):
         raise ValueError(
             f"fold shapes: out {tuple(out.shape)}, src {tuple(src.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)}"
         )
-    block_r = max(16, triton.next_power_of_2(r))
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), layers)
-    _fold_kernel[grid](
-        out,
-        src,
-        b,
-        a,
-        float(scale),
-        m,
-        n,
-        r,
-        *out.stride(),
-        *src.stride(),
-        *b.stride(),
-        *a.stride(),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_R=block_r,
-        ADD_LORA=True,
-        # fp32 weights: full fp32 products (TF32 would put ~1e-3 relative error in the
-        # delta: merged and unmerged fp32 servers then differ measurably).
-        PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps,
-    )
+    _launch(out, src, b, a, scale, r, b.stride(), a.stride(), config or FoldConfig())
     return out
 
 
@@ -130,14 +107,45 @@ def copy_stack(out: torch.Tensor, src: torch.Tensor, config: FoldConfig | None =
     """``out[l] = src[l]`` bit for bit, with the fold's tiling: one pass at HBM speed also
     for per-slice views of a fused stack, where torch's strided ``copy_`` measured about
     1.6x slower on an H100 (unmerge of q,k,v,o over 32 layers: 4.5 ms vs 2.9 ms)."""
-    cfg = config or FoldConfig()
     if src.shape != out.shape or src.dtype != out.dtype or out.dim() != 3:
         raise ValueError(f"copy_stack: out {tuple(out.shape)} {out.dtype}, src {tuple(src.shape)} {src.dtype}")
+    _launch(out, src, out, out, 0.0, 0, (0, 0, 0), (0, 0, 0), config or FoldConfig())
+    return out
+
+
+def compile_ahead(out: torch.Tensor, ranks: Iterable[int], config: FoldConfig | None = None) -> None:
+    """Compile, launching nothing, the kernels a switch of the weights ``out`` (``[L, M, N]``,
+    a stack or a slice view of one) runs: :func:`fold` for adapters of each of ``ranks``
+    (factors as the switcher holds them: contiguous ``[L, M, r]`` and ``[L, r, N]``) and
+    :func:`copy_stack`. A switch's first fold would otherwise compile while serving, holding
+    the scheduler for as long. The pristine copy a switch also reads (contiguous ``[L, M, N]``)
+    is stood in for by ``out``: the same specialisation wherever ``N`` is a multiple of 16."""
+    cfg = config or FoldConfig()
+    layers, m, n = out.shape
+    for r in sorted(set(ranks)):
+        if r < 1:
+            raise ValueError(f"ranks must be positive, got {r}")
+        _launch(out, out, out, out, 1.0, r, (m * r, r, 1), (r * n, n, 1), cfg, compile_only=True)
+    _launch(out, out, out, out, 0.0, 0, (0, 0, 0), (0, 0, 0), cfg, compile_only=True)
+
+
+def _launch(out, src, b, a, scale: float, r: int, b_strides: tuple, a_strides: tuple, cfg: FoldConfig,
+            compile_only: bool = False) -> None:
+    """The fold kernel over ``out``'s ``[L, M, N]``: with ``r`` > 0 the fold of ``b``/``a`` (their
+    strides given, so a compile ahead needs only stand-in pointers), with ``r`` = 0 the copy."""
     layers, m, n = out.shape
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), layers)
-    _fold_kernel[grid](
-        out, src, out, out, 0.0, m, n, 0,
-        *out.stride(), *src.stride(), 0, 0, 0, 0, 0, 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_R=16, ADD_LORA=False, PRECISION="tf32", num_warps=cfg.num_warps,
-    )
-    return out
+    args = (out, src, b, a, float(scale), m, n, r, *out.stride(), *src.stride(), *b_strides, *a_strides)
+    constexprs = {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_R": max(16, triton.next_power_of_2(r)) if r else 16,
+        "ADD_LORA": r > 0,
+        # fp32 weights: full fp32 products (TF32 would put ~1e-3 relative error in the
+        # delta: merged and unmerged fp32 servers then differ measurably).
+        "PRECISION": "ieee" if r and out.dtype == torch.float32 else "tf32",
+    }
+    if compile_only:
+        _fold_kernel.warmup(*args, **constexprs, num_warps=cfg.num_warps, grid=grid)
+    else:
+        _fold_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps)

@@ -33,6 +33,7 @@ import logging
 import torch
 
 from sglang_vlora import in_gemm_weights
+from sglang_vlora.backend import NEVER_MERGES
 from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
 from sglang_vlora.runtime import VLoRARuntime
@@ -55,7 +56,22 @@ def lora_manager_init_after(rt: VLoRARuntime, result, self, *args, **kwargs):
         rt.controller.stack_weights(in_gemm_weights.extra_rows(self, modules, setting))
         attached = in_gemm_weights.attach(self, modules, rt.controller.extended_stacks)
         self.lora_backend.shrink_in_gemm = bool(attached)
+        if rt.config is None or rt.config.policy != NEVER_MERGES:
+            ranks = switch_ranks(self)
+            if ranks:
+                rt.controller.compile_switch_ahead(ranks)
     return result
+
+
+def switch_ranks(lora_manager) -> set[int]:
+    """The adapter ranks a switch may fold at start-up: those of the adapters loaded with the
+    server, and the pool's largest (an adapter of another rank loaded later compiles its fold
+    at its first merge)."""
+    ranks = {int(c.r) for c in getattr(lora_manager, "configs", {}).values() if getattr(c, "r", 0)}
+    max_rank = getattr(lora_manager, "max_lora_rank", None)
+    if max_rank:
+        ranks.add(int(max_rank))
+    return ranks
 
 
 def keep_merged_resident_before(rt: VLoRARuntime, self, *args, **kwargs):

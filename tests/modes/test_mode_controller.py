@@ -193,3 +193,27 @@ def test_max_mode_items_bounds_every_batch():
     for n in (1, 7, 8):  # adapter and base-only requests alternating, merged 2 not among them
         worst = [1, 0] * (n // 2) + [1] * (n % 2)
         assert len(mode_item_lists(list(range(n)), [1] * n, worst, ranks, scalings, 2)[0]) == max_mode_items(n)
+
+
+@pytest.mark.parametrize("policy, compiles", [("vlora", True), ("merge-only", True), ("unmerge-only", False)])
+def test_switch_kernels_are_compiled_ahead_where_the_policy_merges(monkeypatch, policy, compiles):
+    """Built with the manager: the fold for the loaded adapters' ranks and the pool's largest,
+    where the policy ever merges (unmerge-only never switches the weights)."""
+    calls = []
+    monkeypatch.setattr(ModeController, "compile_switch_ahead", lambda self, ranks: calls.append(set(ranks)))
+    manager = fake_manager()
+    manager.configs = {uid: lora.config for uid, lora in manager.loras.items()}
+    manager.max_lora_rank = 16
+    mode_hooks.lora_manager_init_after(VLoRARuntime(VLoRAConfig(policy=policy)), None, manager)
+    assert calls == ([{4, 8, 16}] if compiles else [])
+    assert mode_hooks.switch_ranks(SimpleNamespace()) == set()  # nothing loaded, no pool rank: nothing
+
+
+def test_compile_switch_ahead_compiles_only_stacks_on_a_gpu(monkeypatch):
+    from sglang_vlora.modes import fold_kernel
+
+    compiled = []
+    monkeypatch.setattr(fold_kernel, "compile_ahead", lambda weights, ranks: compiled.append(weights.shape))
+    ctl = ModeController(fake_manager())
+    ctl.stack_weights()
+    assert ctl.compile_switch_ahead({4, 8}) == [] and compiled == []  # CPU stacks switch with torch ops
