@@ -58,8 +58,11 @@ def lora_manager_init_after(rt: VLoRARuntime, result, self, *args, **kwargs):
         self.lora_backend.shrink_in_gemm = bool(attached)
         if rt.config is None or rt.config.policy != NEVER_MERGES:
             ranks = switch_ranks(self)
-            if ranks:
-                rt.controller.compile_switch_ahead(ranks)
+            try:
+                if ranks:
+                    rt.controller.compile_switch_ahead(ranks)
+            except Exception as exc:  # a compile ahead that fails leaves the compile to the first switch
+                logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
     return result
 
 

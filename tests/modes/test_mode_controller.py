@@ -209,6 +209,19 @@ def test_switch_kernels_are_compiled_ahead_where_the_policy_merges(monkeypatch, 
     assert mode_hooks.switch_ranks(SimpleNamespace()) == set()  # nothing loaded, no pool rank: nothing
 
 
+def test_a_failed_compile_ahead_is_logged_and_the_server_goes_on(monkeypatch, caplog):
+    def fail(self, ranks):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(ModeController, "compile_switch_ahead", fail)
+    manager = fake_manager()
+    manager.max_lora_rank = 8
+    rt = VLoRARuntime(VLoRAConfig())
+    mode_hooks.lora_manager_init_after(rt, None, manager)
+    assert rt.controller is not None and sorted(rt.controller.stacks) == ["o_proj", "qkv_proj"]
+    assert "not compiled ahead (no compiler here)" in caplog.text
+
+
 def test_compile_switch_ahead_compiles_only_stacks_on_a_gpu(monkeypatch):
     from sglang_vlora.modes import fold_kernel
 
