@@ -60,7 +60,7 @@ from sglang_vlora import in_gemm_weights
 from sglang_vlora.atmm import gemm_lora, ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
-from sglang_vlora.config import VLoRAConfig
+from sglang_vlora.config import NEVER_MERGES, VLoRAConfig
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -69,7 +69,6 @@ logger = logging.getLogger(__name__)
 # Modules whose LoRA runs through SGLang's embedding / lm_head paths, which this
 # backend does not implement.
 UNSUPPORTED_TARGETS = frozenset({"embed_tokens", "lm_head"})
-NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merged
 # Prefill graphs of up to this many tokens overlap the shrink with the base GEMM on the side
 # stream, as decode graphs do; larger ones run it in sequence. On the H200, 28 layers of
 # Qwen2-VL-7B's q/k/v and o in a CUDA graph (bench/results/graph_step_h200.json): beside the

@@ -19,6 +19,7 @@ PLUGIN_NAME = "vlora"
 ATMM_IMPLS = ("auto", "torch")
 # "manual": no orchestrator; modes change only through POST /vlora/mode.
 POLICIES = ("vlora", "merge-only", "unmerge-only", "dlora", "manual")
+NEVER_MERGES = "unmerge-only"  # the policy under which no adapter is ever merged
 SHRINK_IN_GEMM = ("auto", "on", "off")
 LORA_GEMM = ("off", "on")
 # Largest --vlora-eager-in-gemm-max-tokens: the eager in-GEMM items keep a device entry per token

@@ -188,6 +188,13 @@ _MODE_HOOKS = [
         ("self",),
     ),
     Hook(
+        f"{LORA_MANAGER}.load_lora_adapter",
+        HookType.AFTER,
+        mode_hooks.compile_switch_after_load,
+        "compile the switch kernels of a newly loaded adapter's rank in the load, not at its first merge",
+        ("self", "lora_ref"),
+    ),
+    Hook(
         "sglang.srt.lora.mem_pool.LoRAMemoryPool.prepare_lora_batch",
         HookType.BEFORE,
         mode_hooks.keep_merged_resident_before,

@@ -33,7 +33,7 @@ import logging
 import torch
 
 from sglang_vlora import in_gemm_weights
-from sglang_vlora.backend import NEVER_MERGES
+from sglang_vlora.config import NEVER_MERGES
 from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
 from sglang_vlora.runtime import VLoRARuntime
@@ -63,6 +63,23 @@ def lora_manager_init_after(rt: VLoRARuntime, result, self, *args, **kwargs):
                     rt.controller.compile_switch_ahead(ranks)
             except Exception as exc:  # a compile ahead that fails leaves the compile to the first switch
                 logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
+    return result
+
+
+def compile_switch_after_load(rt: VLoRARuntime, result, self, lora_ref, *args, **kwargs):
+    """AFTER ``LoRAManager.load_lora_adapter`` (``/load_lora_adapter``, after start-up): the
+    switch kernels of the new adapter's rank are compiled now, in the load (an admin call that
+    already takes its time), not at the adapter's first merge while serving. Adapters loaded
+    with the server are compiled for by :func:`lora_manager_init_after`."""
+    ctl = rt.controller
+    config = getattr(self, "configs", {}).get(getattr(lora_ref, "lora_id", None))
+    if (ctl is None or not getattr(result, "success", False) or config is None or not getattr(config, "r", 0)
+            or (rt.config is not None and rt.config.policy == NEVER_MERGES)):
+        return result
+    try:
+        ctl.compile_switch_ahead({int(config.r)})
+    except Exception as exc:  # as at start-up: the first merge compiles them
+        logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
     return result
 
 

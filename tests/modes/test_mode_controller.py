@@ -230,3 +230,21 @@ def test_compile_switch_ahead_compiles_only_stacks_on_a_gpu(monkeypatch):
     ctl = ModeController(fake_manager())
     ctl.stack_weights()
     assert ctl.compile_switch_ahead({4, 8}) == [] and compiled == []  # CPU stacks switch with torch ops
+
+
+def test_an_adapter_loaded_later_has_its_switch_kernels_compiled_in_the_load(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ModeController, "compile_switch_ahead", lambda self, ranks: calls.append(set(ranks)))
+    manager = fake_manager()
+    rt = VLoRARuntime(VLoRAConfig())
+    mode_hooks.lora_manager_init_after(rt, None, manager)  # no ranks known: nothing compiled
+    manager.configs = {"uid-new": SimpleNamespace(r=32)}
+    ref = SimpleNamespace(lora_id="uid-new", lora_name="new")
+    loaded, failed = SimpleNamespace(success=True), SimpleNamespace(success=False)
+    assert mode_hooks.compile_switch_after_load(rt, loaded, manager, ref) is loaded
+    assert calls == [{32}]
+    mode_hooks.compile_switch_after_load(rt, failed, manager, ref)  # a failed load: nothing
+    never = VLoRARuntime(VLoRAConfig(policy="unmerge-only"))
+    never.controller = rt.controller
+    mode_hooks.compile_switch_after_load(never, loaded, manager, ref)  # never merges: nothing
+    assert calls == [{32}]
