@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu_parallel.sh 'CALL [run flags]' ..." >&2; exit 2; }
 OUT=${OUT:-/tmp/e2e_out}
 mkdir -p "$OUT"
+for line in "$@"; do
+  [ -n "${line// /}" ] || { echo "gpu_parallel: an empty call line" >&2; exit 2; }
+done
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$#" -gt "$GPUS" ]; then
   echo "gpu_parallel: $# calls but $GPUS GPUs" >&2

@@ -55,7 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for wheel in sorted(args.wheels.glob("*.whl")):
         for prefix, drop in UNUSED.items():
             if wheel.name.startswith(prefix):
-                saved = slim_wheel(wheel, drop)
+                try:
+                    saved = slim_wheel(wheel, drop)
+                except zipfile.BadZipFile as exc:
+                    p.error(f"{wheel} is not a readable wheel ({exc}): rebuild .sgc")
                 print(f"{wheel.name}: {saved / 2**20:.1f} MiB smaller" if saved else f"{wheel.name}: already slim")
     return 0
 

@@ -56,13 +56,7 @@ def lora_manager_init_after(rt: VLoRARuntime, result, self, *args, **kwargs):
         rt.controller.stack_weights(in_gemm_weights.extra_rows(self, modules, setting))
         attached = in_gemm_weights.attach(self, modules, rt.controller.extended_stacks)
         self.lora_backend.shrink_in_gemm = bool(attached)
-        if rt.config is None or rt.config.policy != NEVER_MERGES:
-            ranks = switch_ranks(self)
-            try:
-                if ranks:
-                    rt.controller.compile_switch_ahead(ranks)
-            except Exception as exc:  # a compile ahead that fails leaves the compile to the first switch
-                logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
+        _compile_switch_kernels(rt, switch_ranks(self))
     return result
 
 
@@ -71,22 +65,26 @@ def compile_switch_after_load(rt: VLoRARuntime, result, self, lora_ref, *args, *
     switch kernels of the new adapter's rank are compiled now, in the load (an admin call that
     already takes its time), not at the adapter's first merge while serving. Adapters loaded
     with the server are compiled for by :func:`lora_manager_init_after`."""
-    ctl = rt.controller
     config = getattr(self, "configs", {}).get(getattr(lora_ref, "lora_id", None))
-    if (ctl is None or not getattr(result, "success", False) or config is None or not getattr(config, "r", 0)
-            or (rt.config is not None and rt.config.policy == NEVER_MERGES)):
-        return result
-    try:
-        ctl.compile_switch_ahead({int(config.r)})
-    except Exception as exc:  # as at start-up: the first merge compiles them
-        logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
+    if getattr(result, "success", False) and config is not None and getattr(config, "r", 0):
+        _compile_switch_kernels(rt, {int(config.r)})
     return result
+
+
+def _compile_switch_kernels(rt: VLoRARuntime, ranks: set[int]) -> None:
+    """The controller's switch kernels for ``ranks``, where a controller exists and the policy
+    ever merges. A compile ahead that fails is logged: the first merge then compiles them."""
+    if rt.controller is None or not ranks or (rt.config is not None and rt.config.policy == NEVER_MERGES):
+        return
+    try:
+        rt.controller.compile_switch_ahead(ranks)
+    except Exception as exc:
+        logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
 
 
 def switch_ranks(lora_manager) -> set[int]:
     """The adapter ranks a switch may fold at start-up: those of the adapters loaded with the
-    server, and the pool's largest (an adapter of another rank loaded later compiles its fold
-    at its first merge)."""
+    server, and the pool's largest (an adapter loaded later: :func:`compile_switch_after_load`)."""
     ranks = {int(c.r) for c in getattr(lora_manager, "configs", {}).values() if getattr(c, "r", 0)}
     max_rank = getattr(lora_manager, "max_lora_rank", None)
     if max_rank:

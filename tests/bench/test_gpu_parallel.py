@@ -18,6 +18,8 @@ def test_no_call_is_a_usage_error(tmp_path):
     r = _run(tmp_path=tmp_path)
     assert r.returncode == 2
     assert "usage" in r.stderr
+    r = _run("mixed-skewed", " ", tmp_path=tmp_path)  # an empty call line, refused before anything starts
+    assert r.returncode == 2 and "empty call line" in r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="counts GPUs on a machine without one")

@@ -42,6 +42,10 @@ def test_a_wheel_loses_its_translations_and_tests_and_keeps_its_code(tmp_path):
     assert (target / "pycountry" / "__init__.py").is_file()
 
 
-def test_a_folder_that_is_not_there_is_refused(tmp_path):
+def test_a_folder_that_is_not_there_or_a_corrupt_wheel_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         slim_carry.main([str(tmp_path / "missing")])
+    (tmp_path / "pycountry-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit):
+        slim_carry.main([str(tmp_path)])
+    assert "not a readable wheel" in capsys.readouterr().err
