@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,21 +29,12 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang_vlora.atmm import driver_launch
-from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES, describe_variant
+from sglang_vlora.atmm.launch_compiles import launch_counting_compiles
 from sglang_vlora.config import DIRECT_LAUNCH_ENV, direct_launch_setting
 
 logger = logging.getLogger(__name__)
 
 _INT32 = range(-(2**31), 2**31)
-
-
-def _variants(fn: Any) -> int | None:
-    """How many variants Triton holds compiled for ``fn`` (None under the interpreter,
-    which compiles nothing)."""
-    caches = getattr(fn, "device_caches", None)
-    if caches is None:
-        return None
-    return sum(len(entry[0]) for entry in list(caches.values()))
 
 
 def _arg_key(arg: Any) -> Any:
@@ -97,13 +87,9 @@ class FastLauncher:
         if compiled is not None:
             compiled[(*grid, 1, 1)[:3]](*args, *values)
             return
-        before, start = _variants(self.fn), time.perf_counter()
-        compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        after = _variants(self.fn)
-        if before is not None and after is not None and after > before:
-            seconds, variant = time.perf_counter() - start, describe_variant(constexprs, num_warps, num_stages)
-            LAUNCH_COMPILES.add(self.fn.__name__, seconds, variant)
-            logger.info("%s compiled in %.2f s: %s", self.fn.__name__, seconds, variant)
+        compiled = launch_counting_compiles(
+            self.fn, lambda: self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages),
+            constexprs, num_warps, num_stages)
         if isinstance(compiled, triton.compiler.CompiledKernel):
             self._compiled[key] = compiled
 

@@ -3,7 +3,12 @@ launcher so that ``/vlora/status`` reads it without importing Triton."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class LaunchCompiles:
@@ -40,3 +45,27 @@ def describe_variant(constexprs: dict[str, Any], num_warps: int, num_stages: int
 
 
 LAUNCH_COMPILES = LaunchCompiles()
+
+
+def compiled_variants(fn: Any) -> int | None:
+    """How many variants Triton holds compiled for the kernel ``fn`` (None under the
+    interpreter, which compiles nothing, or for anything that is not a Triton kernel)."""
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:
+        return None
+    return sum(len(entry[0]) for entry in list(caches.values()))
+
+
+def launch_counting_compiles(fn: Any, launch: Callable[[], Any], constexprs: dict[str, Any], num_warps: int,
+                             num_stages: int) -> Any:
+    """Run ``launch`` (a launch of the Triton kernel ``fn``) and, when it made Triton compile a
+    new variant (or load one from its disk cache), add it to :data:`LAUNCH_COMPILES` with the
+    host time the launch took and log it. Returns what ``launch`` returned."""
+    before, start = compiled_variants(fn), time.perf_counter()
+    result = launch()
+    after = compiled_variants(fn)
+    if before is not None and after is not None and after > before:
+        seconds, variant = time.perf_counter() - start, describe_variant(constexprs, num_warps, num_stages)
+        LAUNCH_COMPILES.add(fn.__name__, seconds, variant)
+        logger.info("%s compiled in %.2f s: %s", fn.__name__, seconds, variant)
+    return result

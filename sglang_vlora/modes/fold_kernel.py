@@ -21,12 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_vlora.atmm.launch_compiles import launch_counting_compiles
+
 
 @dataclass(frozen=True)
 class FoldConfig:
     block_m: int = 64
     block_n: int = 128
     num_warps: int = 4
+    num_stages: int = 3  # Triton's default on CUDA, named so that a compile is described
 
 
 @triton.jit
@@ -145,7 +148,10 @@ def _launch(out, src, b, a, scale: float, r: int, b_strides: tuple, a_strides: t
         # delta: merged and unmerged fp32 servers then differ measurably).
         "PRECISION": "ieee" if r and out.dtype == torch.float32 else "tf32",
     }
+    warps, stages = cfg.num_warps, cfg.num_stages
     if compile_only:
-        _fold_kernel.warmup(*args, **constexprs, num_warps=cfg.num_warps, grid=grid)
-    else:
-        _fold_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps)
+        _fold_kernel.warmup(*args, **constexprs, num_warps=warps, num_stages=stages, grid=grid)
+    else:  # a variant compiled here, while serving, shows in /vlora/status kernel_compiles
+        launch_counting_compiles(
+            _fold_kernel, lambda: _fold_kernel[grid](*args, **constexprs, num_warps=warps, num_stages=stages),
+            constexprs, warps, stages)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import torch
 
@@ -76,10 +77,15 @@ def _compile_switch_kernels(rt: VLoRARuntime, ranks: set[int]) -> None:
     ever merges. A compile ahead that fails is logged: the first merge then compiles them."""
     if rt.controller is None or not ranks or (rt.config is not None and rt.config.policy == NEVER_MERGES):
         return
+    start = time.perf_counter()
     try:
-        rt.controller.compile_switch_ahead(ranks)
+        kinds = rt.controller.compile_switch_ahead(ranks)
     except Exception as exc:
         logger.warning("switch kernels not compiled ahead (%s): the first merge compiles them", exc)
+        return
+    if kinds:
+        logger.info("switch kernels compiled ahead for ranks %s of %s in %.2f s", sorted(ranks), ", ".join(kinds),
+                    time.perf_counter() - start)
 
 
 def switch_ranks(lora_manager) -> set[int]:

@@ -144,6 +144,7 @@ def test_switches_compile_nothing_after_the_compile_ahead() -> None:
     """After ``fold_kernel.compile_ahead`` (what the mode controller runs at start-up for the
     loaded adapters' ranks) the switcher's merges, switches and unmerges compile nothing (the
     CPU test of the same by launch keys is tests/modes/test_fold_compile_ahead.py)."""
+    from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
     from sglang_vlora.modes import fold_kernel
     from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, slice_kinds
 
@@ -154,14 +155,25 @@ def test_switches_compile_nothing_after_the_compile_ahead() -> None:
     ranks = (8, 64)
     for weights in kinds.values():
         fold_kernel.compile_ahead(weights, ranks)
-    before = _compiled(fold_kernel._fold_kernel)
+    before, counted = _compiled(fold_kernel._fold_kernel), LAUNCH_COMPILES.count
+    pristine_o = kinds["o"].clone()
     switcher = SwiftSwitcher(kinds, exact=True)
-    for rank in ranks:
-        switcher.add_adapter(f"r{rank}", {name: LoRADelta(
-            a=torch.randn(layers, rank, w.shape[2], device="cuda", dtype=w.dtype) * 0.02,
-            b=torch.randn(layers, w.shape[1], rank, device="cuda", dtype=w.dtype) * 0.02, scaling=0.5)
-            for name, w in kinds.items()})
+    deltas = {rank: {name: LoRADelta(
+        a=torch.randn(layers, rank, w.shape[2], device="cuda", dtype=w.dtype) * 0.1,
+        b=torch.randn(layers, w.shape[1], rank, device="cuda", dtype=w.dtype) * 0.1, scaling=0.5)
+        for name, w in kinds.items()} for rank in (*ranks, 32)}
+    for rank, delta in deltas.items():
+        switcher.add_adapter(f"r{rank}", delta)
     for target in ("r8", "r64", None, "r64", None):
         switcher.switch(target)
     torch.cuda.synchronize()
-    assert _compiled(fold_kernel._fold_kernel) == before
+    assert _compiled(fold_kernel._fold_kernel) == before and LAUNCH_COMPILES.count == counted
+    assert torch.equal(kinds["o"], pristine_o)  # unmerged: the base weights bit for bit
+    switcher.switch("r32")  # a rank not compiled ahead compiles now, and shows in kernel_compiles
+    torch.cuda.synchronize()
+    o = deltas[32]["o"]
+    expected = pristine_o.float() + 0.5 * torch.bmm(o.b.float(), o.a.float())
+    # the delta (about 0.03 an element) is there, rounded once to bf16
+    torch.testing.assert_close(kinds["o"].float(), expected, atol=1e-3, rtol=1e-2)
+    compiled = LAUNCH_COMPILES.snapshot()["by_variant"]
+    assert LAUNCH_COMPILES.count > counted and any(v.startswith("_fold_kernel") and "BLOCK_R=32" in v for v in compiled)

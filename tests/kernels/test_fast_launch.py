@@ -91,7 +91,7 @@ def test_launches_that_compile_are_counted(monkeypatch) -> None:
     from sglang_vlora.atmm.launch_compiles import LaunchCompiles
 
     counts = LaunchCompiles()
-    monkeypatch.setattr("sglang_vlora.atmm.fast_launch.LAUNCH_COMPILES", counts)
+    monkeypatch.setattr("sglang_vlora.atmm.launch_compiles.LAUNCH_COMPILES", counts)
     launch = FastLauncher(_copy)
     launch.fn = _FakeTritonKernel(_copy.fn)
     src = torch.zeros(8)

@@ -84,3 +84,47 @@ def test_switches_launch_only_the_variants_compiled_ahead(kernel, dtype) -> None
 def test_compile_ahead_refuses_a_rank_below_one(kernel) -> None:
     with pytest.raises(ValueError, match="positive"):
         fold_kernel.compile_ahead(torch.zeros(1, 16, 16), [0])
+
+
+class _CompilingKernel(_Recorder):
+    """Stands in for the Triton kernel on a GPU: a launch or a warm-up of a new
+    specialisation compiles it (grows ``device_caches`` as Triton does)."""
+
+    __name__ = "_fold_kernel"
+
+    def __init__(self):
+        super().__init__()
+        self.device_caches = {0: ({}, None, None, None, None)}
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.device_caches[0][0].setdefault(self._signature(args, kwargs), object())
+
+        return run
+
+    def warmup(self, *args, grid, **kwargs):
+        self.device_caches[0][0].setdefault(self._signature(args, kwargs), object())
+
+
+def test_a_switch_that_compiles_shows_in_kernel_compiles(monkeypatch) -> None:
+    """A fold variant not compiled ahead (an adapter of another rank) compiles at its switch,
+    while serving: counted in ``/vlora/status`` ``kernel_compiles`` with its variant, as the
+    ATMM kernels' compiles are; the variants compiled ahead count nothing."""
+    from sglang_vlora.atmm import launch_compiles
+
+    counts = launch_compiles.LaunchCompiles()
+    monkeypatch.setattr(launch_compiles, "LAUNCH_COMPILES", counts)
+    monkeypatch.setattr(fold_kernel, "_fold_kernel", _CompilingKernel())
+    o = torch.zeros(LAYERS, HIDDEN, HIDDEN, dtype=torch.bfloat16)
+    fold_kernel.compile_ahead(o, [8])
+    switcher = SwiftSwitcher({"o_proj.0": o}, exact=True, kernel="triton")
+    switcher.add_adapter("r8", {"o_proj.0": _delta(o, 8, 0)})
+    switcher.add_adapter("r32", {"o_proj.0": _delta(o, 32, 1)})
+    switcher.switch("r8")
+    switcher.switch(None)
+    assert counts.snapshot()["count"] == 0
+    switcher.switch("r32")  # rank 32 was not compiled ahead
+    snap = counts.snapshot()
+    assert snap["count"] == 1 and snap["by_kernel"] == {"_fold_kernel": 1}
+    (variant,) = snap["by_variant"]
+    assert "BLOCK_R=32 ADD_LORA=1" in variant and variant.endswith("w4 s3")

@@ -6,6 +6,7 @@ static work items in every mode."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -220,6 +221,17 @@ def test_a_failed_compile_ahead_is_logged_and_the_server_goes_on(monkeypatch, ca
     mode_hooks.lora_manager_init_after(rt, None, manager)
     assert rt.controller is not None and sorted(rt.controller.stacks) == ["o_proj", "qkv_proj"]
     assert "not compiled ahead (no compiler here)" in caplog.text
+
+
+def test_a_compile_ahead_is_logged_with_its_ranks_and_kinds(monkeypatch, caplog):
+    """What an operator reads in the server log to know the first merge will not compile."""
+    monkeypatch.setattr(ModeController, "compile_switch_ahead", lambda self, ranks: ["o_proj", "qkv_proj"])
+    manager = fake_manager()
+    manager.configs = {uid: lora.config for uid, lora in manager.loras.items()}
+    manager.max_lora_rank = 16
+    with caplog.at_level(logging.INFO, logger=mode_hooks.__name__):
+        mode_hooks.lora_manager_init_after(VLoRARuntime(VLoRAConfig()), None, manager)
+    assert "switch kernels compiled ahead for ranks [4, 8, 16] of o_proj, qkv_proj" in caplog.text
 
 
 def test_compile_switch_ahead_compiles_only_stacks_on_a_gpu(monkeypatch):
