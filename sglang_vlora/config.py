@@ -28,14 +28,26 @@ EAGER_IN_GEMM_TOKENS_CAP = 65536
 # Prepared ATMM launches go straight to the CUDA driver (atmm.driver_launch) unless this is
 # "0": Triton's launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
 DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
+# The in-GEMM expand is launched with programmatic dependent launch on Hopper and later GPUs
+# (atmm.triton_kernels.expand_pdl) unless this is "0": for comparison (bench/expand_pdl.py).
+PDL_ENV = "SGLANG_VLORA_PDL"
 
 
 def direct_launch_setting() -> bool:
     """``SGLANG_VLORA_DIRECT_LAUNCH``: unset or ``1`` on, ``0`` off; anything else is refused
     (a ``false`` that silently meant on would hide which launcher a measurement used)."""
-    value = os.environ.get(DIRECT_LAUNCH_ENV, "1")
+    return _on_off(DIRECT_LAUNCH_ENV)
+
+
+def pdl_setting() -> bool:
+    """``SGLANG_VLORA_PDL``: unset or ``1`` on, ``0`` off; anything else is refused."""
+    return _on_off(PDL_ENV)
+
+
+def _on_off(name: str) -> bool:
+    value = os.environ.get(name, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"
 
 

@@ -88,7 +88,8 @@ class FastLauncher:
             compiled[(*grid, 1, 1)[:3]](*args, *values)
             return
         compiled = launch_counting_compiles(
-            self.fn, lambda: self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages),
+            self.fn, lambda: self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+                                           **launch_options(constexprs)),
             constexprs, num_warps, num_stages)
         if isinstance(compiled, triton.compiler.CompiledKernel):
             self._compiled[key] = compiled
@@ -199,6 +200,13 @@ class PreparedLaunch:
             return False
         runner(*addresses, stream=_current_stream(self._device))
         return True
+
+
+def launch_options(constexprs: dict[str, Any]) -> dict[str, Any]:
+    """Triton launch options a kernel's constexprs ask for: a true ``USE_PDL`` compiles and
+    launches it with programmatic dependent launch (``launch_pdl``, part of Triton's compile
+    options, so the compiled kernel carries it and its launcher sets the launch attribute)."""
+    return {"launch_pdl": True} if constexprs.get("USE_PDL") else {}
 
 
 def _device(arg: torch.Tensor | TensorDescriptor) -> int:

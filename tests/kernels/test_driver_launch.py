@@ -210,3 +210,49 @@ def test_the_switch_takes_0_or_1_only(monkeypatch) -> None:
     monkeypatch.setenv(DIRECT_LAUNCH_ENV, "false")
     with pytest.raises(ValueError, match="must be 0 or 1, got 'false'"):
         FastLauncher(triton_kernels._shrink_kernel)
+
+
+def test_the_pdl_switch_takes_0_or_1_only(monkeypatch) -> None:
+    from sglang_vlora.config import PDL_ENV, pdl_setting
+
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    assert pdl_setting() is True
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert pdl_setting() is False
+    monkeypatch.setenv(PDL_ENV, "yes")
+    with pytest.raises(ValueError, match="SGLANG_VLORA_PDL must be 0 or 1, got 'yes'"):
+        pdl_setting()
+
+
+def test_only_the_in_gemm_expand_on_hopper_asks_for_pdl(monkeypatch) -> None:
+    """PDL needs grid dependency control (compute capability 9.0): never on CPU tensors (the
+    interpreter), never on an older GPU, never with the switch off, and only for the in-GEMM
+    expand, whose previous kernel is the GEMM that computed its inputs."""
+    from sglang_vlora.atmm.in_gemm import split_output
+    from sglang_vlora.atmm.static_items import StaticWorkItems
+    from sglang_vlora.config import PDL_ENV
+
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(triton_kernels, "_capability", lambda index: (9, 0))
+    assert triton_kernels.expand_pdl(cuda) is True
+    assert triton_kernels.expand_pdl(torch.device("cpu")) is False
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert triton_kernels.expand_pdl(cuda) is False
+    monkeypatch.delenv(PDL_ENV)
+    monkeypatch.setattr(triton_kernels, "_capability", lambda index: (8, 0))
+    assert triton_kernels.expand_pdl(cuda) is False
+
+    # with PDL available, only the in-GEMM expand asks for it
+    monkeypatch.setattr(triton_kernels, "expand_pdl", lambda device: True)
+    items = StaticWorkItems.allocate(4, 8, 2, "cpu", covers_tokens=True)
+    b = torch.zeros(2, 32, 8)
+    y = torch.zeros(8, 32 + 2 * 8)
+    inter, layout = split_output(y, 32, 2)
+    out = torch.zeros(8, 32)
+    cfg = triton_kernels.ExpandConfig(16, 32, 16, 4, 2)
+    args = (items.seg_starts, items.seg_lens, items.slots, items.scales, items.row_starts, items.seg_lens, 1,
+            items.ranks, None, [0, 32], 8, cfg)
+    ((_, _, in_gemm_constexprs),) = triton_kernels._expand_calls(inter, b, out, *args, in_gemm=layout)
+    ((_, _, separate_constexprs),) = triton_kernels._expand_calls(torch.zeros(8, 8), b, out, *args)
+    assert in_gemm_constexprs["USE_PDL"] is True and separate_constexprs["USE_PDL"] is False

@@ -19,6 +19,12 @@ def _copy(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _copy_pdl(src_ptr, dst_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
 def _constexpr_first(BLOCK: tl.constexpr, dst_ptr):
     tl.store(dst_ptr + tl.arange(0, BLOCK), tl.zeros((BLOCK,), tl.float32))
 
@@ -105,3 +111,28 @@ def test_launches_that_compile_are_counted(monkeypatch) -> None:
     from sglang_vlora.atmm.launch_compiles import describe_variant
 
     assert describe_variant({"PAIRED": True, "CAP": 16}, 8, 3) == "PAIRED=1 CAP=16 w8 s3"
+
+
+def test_a_kernel_asking_for_pdl_is_compiled_with_it() -> None:
+    """A true ``USE_PDL`` constexpr adds Triton's ``launch_pdl`` option to the launch that
+    compiles the kernel (and so to its compiled handle); anything else adds nothing."""
+    from sglang_vlora.atmm.fast_launch import launch_options
+
+    assert launch_options({"USE_PDL": True, "BLOCK": 8}) == {"launch_pdl": True}
+    assert launch_options({"USE_PDL": False}) == {} and launch_options({"BLOCK": 8}) == {}
+
+    seen = []
+
+    class Kernel(_FakeTritonKernel):
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.append(kwargs)
+
+            return run
+
+    launch = FastLauncher(_copy_pdl)
+    launch.fn = Kernel(_copy_pdl.fn)
+    src = torch.zeros(8)
+    launch((1,), (src, src, 8), {"BLOCK": 8, "USE_PDL": True}, 4, 2)
+    launch((1,), (src, src, 8), {"BLOCK": 8, "USE_PDL": False}, 4, 2)
+    assert [k.get("launch_pdl") for k in seen] == [True, None]

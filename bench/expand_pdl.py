@@ -1,0 +1,139 @@
+"""The in-GEMM expand with and without programmatic dependent launch (GPU only, sm90+).
+
+    python bench/expand_pdl.py [--rounds 3] [--iters 20] [--tag expand_pdl_h200]
+
+``ops.lora_apply_static_in_gemm`` (``atmm_in_gemm`` in ``bench/kernels.py``) launches its expand
+right after the GEMM that computed its inputs. With PDL (``SGLANG_VLORA_PDL``, on by default on
+Hopper) the expand's programs may be scheduled before that GEMM has completed and wait for it
+on the GPU (``triton_kernels.expand_pdl``). For kernel-benchmark cells (same tensors, same
+CUDA-graph timing over copies that pass 5x the L2), rank 64, this times the base GEMM alone and
+the whole op with PDL off and on, the three taking turns over ``--rounds`` rounds in one
+process, and checks that both ways give the same output bit for bit.
+
+Writes ``<out>/<tag>.json`` (per cell every round's microseconds; the op's extra over the base
+GEMM in % of it, from the medians) and a bar plot ``<out>/<tag>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import provenance  # noqa: E402
+from bench.kernels import Cell  # noqa: E402
+from bench.mode_cost import parse_positive  # noqa: E402
+from sglang_vlora.config import PDL_ENV  # noqa: E402
+
+# (shape, mode, requests, tokens per request, adapters): bench/kernels.py's decode cells up to
+# 32 requests, and two prefill cells
+CELLS = (
+    ("proj", "decode", 1, 1, 1),
+    ("proj", "decode", 8, 1, 1),
+    ("proj", "decode", 8, 1, 4),
+    ("proj", "decode", 32, 1, 1),
+    ("proj", "decode", 32, 1, 4),
+    ("qkv", "decode", 8, 1, 4),
+    ("qkv", "decode", 32, 1, 4),
+    ("gate_up", "decode", 32, 1, 4),
+    ("proj", "prefill", 1, 1024, 1),
+    ("proj", "prefill", 4, 1024, 4),
+)
+WAYS = {"off": "0", "on": "1"}
+
+
+def in_gemm_output(cell: Cell, pdl: str) -> torch.Tensor:
+    os.environ[PDL_ENV] = pdl
+    out = cell.in_gemm(cell.sets[0]).clone()
+    torch.cuda.synchronize()
+    return out
+
+
+def measure(cell: Cell, rounds: int, iters: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"merged": [], **{way: [] for way in WAYS}}
+    for _ in range(rounds):
+        times["merged"].append(cell.time_us("merged", iters))
+        for way, value in WAYS.items():
+            os.environ[PDL_ENV] = value
+            times[way].append(cell.time_us("atmm_in_gemm", iters))
+    return times
+
+
+def plot(rows: list[dict], device: str, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    labels = [r["cell"].replace(" ", "\n", 2) for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(1.1 * len(rows) + 2, 4))
+    for i, way in enumerate(WAYS):
+        ax.bar([x + (i - 0.5) * 0.4 for x in xs], [r["extra_pct"][way] for r in rows], width=0.4,
+               label=f"PDL {way}")
+        for x, r in zip(xs, rows, strict=True):  # every round's extra, over that round's base GEMM
+            ax.scatter([x + (i - 0.5) * 0.4] * len(r["rounds_pct"][way]), r["rounds_pct"][way], color="k", s=6,
+                       zorder=3)
+    ax.axhline(30, color="grey", linestyle=":", linewidth=1, label="decode target (30%)")
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylabel("extra over the base GEMM, % of it")
+    ax.set_title(f"in-GEMM expand, with and without PDL, rank 64 ({device})", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=parse_positive, default=3)
+    ap.add_argument("--iters", type=parse_positive, default=20)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--tag", default="expand_pdl")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        print("bench/expand_pdl.py: needs a CUDA device of compute capability 9.0 or later, nothing measured")
+        return
+    rows = []
+    for shape, mode, requests, per_req, adapters in CELLS:
+        cell = Cell(shape, mode, requests, per_req, adapters, 64)
+        exact = torch.equal(in_gemm_output(cell, "0"), in_gemm_output(cell, "1"))
+        times = measure(cell, args.rounds, args.iters)
+        base = statistics.median(times["merged"])
+        row = {
+            "cell": f"{shape} {mode} {cell.tokens}x{cell.adapters}",
+            "us": times,
+            "bit_exact": exact,
+            "extra_pct": {w: round(100 * (statistics.median(times[w]) - base) / base, 1) for w in WAYS},
+            "rounds_pct": {w: [round(100 * (t - m) / m, 1) for t, m in zip(times[w], times["merged"], strict=True)]
+                           for w in WAYS},
+        }
+        rows.append(row)
+        print(row["cell"], f"base {base:.2f} us", row["extra_pct"], "rounds", row["rounds_pct"], "bit-exact", exact,
+              flush=True)
+        del cell
+        torch.cuda.empty_cache()
+    os.environ.pop(PDL_ENV)
+    device = torch.cuda.get_device_name(0)
+    doc = {"what": __doc__.split("\n\n")[0], "device": device, "rank": 64, "rows": rows}
+    path = provenance.write_results(args.out, args.tag, doc, "bench/expand_pdl.py", sys.argv[1:])
+    plot(rows, device, args.out / f"{args.tag}.png")
+    print("| cell | base GEMM us | PDL off % | PDL on % | bit-exact |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['cell']} | {statistics.median(r['us']['merged']):.2f} | {r['extra_pct']['off']} | "
+              f"{r['extra_pct']['on']} | {r['bit_exact']} |")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
