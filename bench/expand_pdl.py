@@ -31,17 +31,14 @@ from bench.kernels import Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
 from sglang_vlora.config import PDL_ENV  # noqa: E402
 
-# (shape, mode, requests, tokens per request, adapters): bench/kernels.py's decode cells up to
-# 32 requests, and two prefill cells
+# (shape, mode, requests, tokens per request, adapters): decode cells of bench/kernels.py's
+# shapes and of Qwen2-VL-7B's (q2_*), up to 128 requests, and two prefill cells
 CELLS = (
-    ("proj", "decode", 1, 1, 1),
-    ("proj", "decode", 8, 1, 1),
-    ("proj", "decode", 8, 1, 4),
-    ("proj", "decode", 32, 1, 1),
-    ("proj", "decode", 32, 1, 4),
-    ("qkv", "decode", 8, 1, 4),
-    ("qkv", "decode", 32, 1, 4),
+    *(("proj", "decode", n, 1, a) for n, a in ((1, 1), (8, 1), (8, 4), (32, 1), (32, 4), (64, 4), (128, 4))),
+    *(("qkv", "decode", n, 1, 4) for n in (8, 32, 64)),
     ("gate_up", "decode", 32, 1, 4),
+    *(("q2_o", "decode", n, 1, 4) for n in (8, 16, 32, 48, 64, 128)),
+    *(("q2_qkv", "decode", n, 1, 4) for n in (8, 32, 64, 128)),
     ("proj", "prefill", 1, 1024, 1),
     ("proj", "prefill", 4, 1024, 4),
 )

@@ -613,7 +613,7 @@ def _expand_calls(
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
         "K_GROUP": _k_group(inter, b_buffer, num_slices, config.block_k, in_gemm),
-        "USE_PDL": in_gemm is not None and expand_pdl(output.device),
+        "USE_PDL": in_gemm is not None and expand_pdl(output.device, row_bound),
     }
     calls = []
     for layer in range(num_layers):
@@ -650,19 +650,28 @@ def _expand_calls(
     return calls
 
 
-def expand_pdl(device: torch.device) -> bool:
-    """Whether the in-GEMM expand on ``device`` is launched with programmatic dependent launch
-    (PDL): a CUDA device of compute capability 9.0 or later (Hopper's grid dependency control)
-    and ``SGLANG_VLORA_PDL`` not ``0``.
+# The most rows an in-GEMM expand launched with PDL has. Up to 48 tokens the base GEMM that
+# precedes it lets its dependents start early in the o-projection shapes, from 64 it runs
+# another cuBLAS kernel, where PDL gained nothing and cost up to 1.6 points of the GEMM
+# (bench/expand_pdl.py: H200, 4096- and 3584-wide projections at 1-128 tokens).
+PDL_MAX_ROWS = 48
+
+
+def expand_pdl(device: torch.device, rows: int) -> bool:
+    """Whether an in-GEMM expand of at most ``rows`` rows on ``device`` is launched with
+    programmatic dependent launch (PDL): a CUDA device of compute capability 9.0 or later
+    (Hopper's grid dependency control), at most :data:`PDL_MAX_ROWS` rows, and
+    ``SGLANG_VLORA_PDL`` not ``0``.
 
     The expand follows the base GEMM that computed its inputs. With PDL its programs can be
     scheduled while that GEMM's last tiles finish, where cuBLAS's kernel allows it, instead of
     after the GEMM has completed; each program waits for the GEMM (``gdc_wait``) before it reads
-    anything, so the result is the same bit for bit. In a decode graph step this took about 1 us
-    off each o-projection-shaped expand (``bench/expand_pdl.py``). A launch without the PDL
-    attribute (the prepared launches that go straight to the driver) runs the same kernel as
-    an ordinary launch: the wait is then a no-op."""
-    return device.type == "cuda" and pdl_setting() and _capability(device.index) >= (9, 0)
+    anything, so the result is the same bit for bit. In a decode graph step of Qwen2-VL-7B's
+    q/k/v and o projections this took 20-31 us off 8-48 requests (``bench/expand_pdl.py``,
+    ``bench/graph_step.py``). A launch without the PDL attribute (the prepared launches that go
+    straight to the driver) runs the same kernel as an ordinary launch: the wait is then a no-op."""
+    return (device.type == "cuda" and rows <= PDL_MAX_ROWS and pdl_setting()
+            and _capability(device.index) >= (9, 0))
 
 
 @functools.cache
