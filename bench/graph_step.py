@@ -48,9 +48,10 @@ from bench.mode_cost import (  # noqa: E402
     save_results,
     segments,
 )
-from sglang_vlora.atmm import ops  # noqa: E402
+from sglang_vlora.atmm import ops, triton_kernels  # noqa: E402
 from sglang_vlora.atmm.static_items import StaticWorkItems  # noqa: E402
 from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
+from sglang_vlora.config import pdl_setting  # noqa: E402
 from sglang_vlora.modes.delora import MAX_MODE_LAYERS, max_mode_items, mode_work_items  # noqa: E402
 
 SHAPES_7B = {"layers": 28, "hidden": 3584, "qkv": (3584, 512, 512), "o": (3584,)}
@@ -172,9 +173,14 @@ def main() -> None:
     ap.add_argument("--rank", type=parse_positive, default=64)
     ap.add_argument("--slots", type=parse_positive, default=ADAPTERS,
                     help=f"LoRA pool slots (--max-loras-per-batch; at least the {ADAPTERS} adapters)")
+    ap.add_argument("--pdl-max-rows", type=parse_positive, default=None,
+                    help="launch in-GEMM expands of up to this many rows with PDL (default: the shipped "
+                         "triton_kernels.PDL_MAX_ROWS; SGLANG_VLORA_PDL=0 turns PDL off)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
+    if args.pdl_max_rows is not None:
+        triton_kernels.PDL_MAX_ROWS = args.pdl_max_rows
     if not (args.smoke or torch.cuda.is_available()):
         print("bench/graph_step.py: no CUDA device, nothing measured (run it on a GPU; --smoke checks the code)")
         return
@@ -203,7 +209,7 @@ def main() -> None:
             "in_gemm (one GEMM over the base weight with every pool slot's A rows appended, then the "
             "expand into a new output); lists hold one median per trial")
     setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "slots": args.slots,
-             "shapes": shapes}
+             "shapes": shapes, "pdl": pdl_setting(), "pdl_max_rows": triton_kernels.PDL_MAX_ROWS}
     save_results("graph_step", what, setup, rows, args, device, plot)
 
 
