@@ -458,6 +458,38 @@ def in_gemm_parts(parts: dict) -> str:
     return "\n".join(lines)
 
 
+@block("expand-pdl", "expand_pdl_h200.json")
+def expand_pdl(run: dict) -> str:
+    """docs/atmm.md: the in-GEMM op with its expand launched with and without PDL
+    (bench/expand_pdl.py), extra over the base GEMM in % of it."""
+    lines = table_head("cell (tokens x adapters)", "base GEMM µs", "PDL off %",
+                       f"PDL on, up to {run['pdl_max_rows']} rows (shipped) %", "PDL at every row count %",
+                       "same bits")
+    for r in run["rows"]:
+        pct = r["extra_pct"]
+        base = sorted(r["us"]["merged"])[len(r["us"]["merged"]) // 2]
+        lines.append(f"| {r['cell']} | {base:.1f} | {pct['off']:.1f} | {pct['on']:.1f} | {pct['on_all_rows']:.1f} | "
+                     f"{'yes' if r['bit_exact'] else 'no'} |")
+    return "\n".join(lines)
+
+
+@block("graph-step-pdl", "graph_step_pdl_off_h200.json", "graph_step_pdl_on_h200.json",
+       "graph_step_pdl_all_rows_h200.json")
+def graph_step_pdl(off: dict, on: dict, all_rows: dict) -> str:
+    """docs/atmm.md: a decode graph step's LoRA cost (bench/graph_step.py, in-GEMM, unmerged) with
+    the expand launched without PDL, with it up to the shipped row limit, and at every row count."""
+    lines = table_head("requests", "PDL off µs", f"PDL on, up to {on['pdl_max_rows']} rows (shipped) µs",
+                       "PDL at every row count µs")
+
+    def cell(row: dict) -> str:
+        ms = sorted(row["in_gemm_adds_ms"])
+        return f"{1000 * ms[len(ms) // 2]:.1f} ({1000 * ms[0]:.1f}-{1000 * ms[-1]:.1f})"
+
+    for a, b, c in zip(off["rows"], on["rows"], all_rows["rows"], strict=True):
+        lines.append(f"| {a['requests']} | {cell(a)} | {cell(b)} | {cell(c)} |")
+    return "\n".join(lines)
+
+
 @block("gemm-epilogue", "gemm_epilogue_h200.json", "gemm_epilogue_h200_b.json")
 def gemm_epilogue(first: dict, second: dict) -> str:
     """docs/atmm.md: the LoRA MMAs inside a Triton GEMM (bench/gemm_epilogue.py), two runs, % over
