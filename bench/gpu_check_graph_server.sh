@@ -284,9 +284,13 @@ if nograph.get("shrink_in_gemm"):
 
 print(f"{len(results) - len(failed)}/{len(results)} checks passed ({DTYPE}, tolerance {TOL})")
 if OUT:
+    from bench import provenance
+
+    summary = {"passed": len(results) - len(failed), "checks": len(results), "failed": failed,
+               "server_flags": shlex.join(FLAGS), "prefill_graph_flags": shlex.join(PREFILL_GRAPH)}
     with open(f"{OUT}/gpu_check_graph_server.json", "w") as f:
-        json.dump({"dtype": DTYPE, "tolerance": TOL, "checks": results,
-                   "runs": {f"{s}/{i}": r for (s, i), r in runs.items()}}, f, indent=1)
+        json.dump({"dtype": DTYPE, "tolerance": TOL, "summary": summary, "provenance": provenance.record(),
+                   "checks": results, "runs": {f"{s}/{i}": r for (s, i), r in runs.items()}}, f, indent=1)
 sys.exit(1 if failed else 0)
 EOF
 status=$?
