@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import provenance  # noqa: E402
 from bench.kernels import Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
+from bench.plotting import pyplot, save_figure  # noqa: E402
 from sglang_vlora.atmm import triton_kernels  # noqa: E402
 from sglang_vlora.config import PDL_ENV  # noqa: E402
 
@@ -72,13 +73,8 @@ def measure(cell: Cell, rounds: int, iters: int) -> dict[str, list[float]]:
 
 
 def plot(rows: list[dict], device: str, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     labels = [r["cell"].replace(" ", "\n", 2) for r in rows]
     xs = range(len(rows))
@@ -93,9 +89,7 @@ def plot(rows: list[dict], device: str, path: Path) -> None:
     ax.set_ylabel("extra over the base GEMM, % of it")
     ax.set_title(f"in-GEMM expand, with and without PDL, rank 64 ({device})", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import provenance  # noqa: E402
 from bench.kernels import Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
+from bench.plotting import pyplot, save_figure  # noqa: E402
 from sglang_vlora.atmm import in_gemm, ops  # noqa: E402
 from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 
@@ -117,13 +118,8 @@ def measure(cell: Cell, iters: int) -> dict[str, float]:
 
 
 def plot(rows: list[dict], device: str, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     labels = [f"{r['shape']} {r['mode']}\n{r['tokens']} tok, {r['adapters']} ad, r{r['rank']}" for r in rows]
     fig, ax = plt.subplots(figsize=(1.3 * len(rows) + 2, 4))
@@ -138,9 +134,7 @@ def plot(rows: list[dict], device: str, path: Path) -> None:
     ax.set_title(f"shrink in the GEMM, by part ({device})", fontsize=9)
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def main() -> None:

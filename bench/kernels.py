@@ -50,6 +50,7 @@ os.environ.setdefault("SGLANG_USE_CUSTOM_TRITON_KERNEL_CACHE", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import provenance
+from bench.plotting import pyplot
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.tune import graph_replay_us
@@ -468,13 +469,8 @@ def print_table(rows: list[dict], methods: list[str]) -> None:
 
 
 def plot(rows: list[dict], methods: list[str], meta: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
     others = [n for n in methods if n != "merged"]

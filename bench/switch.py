@@ -52,6 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import provenance
+from bench.plotting import pyplot
 from sglang_vlora.modes.fold_kernel import FoldConfig, fold
 from sglang_vlora.modes.switcher import LoRADelta, SwiftSwitcher, slice_kinds
 
@@ -411,13 +412,8 @@ def print_table(rows: list[dict], floors: dict[str, float]) -> None:
 
 
 def plot(rows: list[dict], meta: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     cells = sorted({(r["layout"], r["rank"]) for r in rows}, key=lambda c: (list(LAYOUTS).index(c[0]), c[1]))
     methods = list(dict.fromkeys(r["method"] for r in rows))
