@@ -38,7 +38,9 @@ def turn_on_from_args(rt: VLoRARuntime, args: argparse.Namespace) -> None:
     LoRA and CPU defaults."""
     try:
         cfg = vlora_config.VLoRAConfig.from_args(args)
-        vlora_config.direct_launch_setting()  # read again where the kernels launch; refused here first
+        # read again where the kernels launch; a bad value is refused here, at launch, first
+        vlora_config.direct_launch_setting()
+        vlora_config.pdl_setting()
     except ValueError as exc:
         raise SystemExit(f"sglang-vlora: {exc}") from exc
     activate(rt, cfg)

@@ -651,9 +651,9 @@ def _expand_calls(
 
 
 # The most rows an in-GEMM expand launched with PDL has. Up to 48 tokens the base GEMM that
-# precedes it lets its dependents start early in the o-projection shapes, from 64 it runs
-# another cuBLAS kernel, where PDL gained nothing and cost up to 1.6 points of the GEMM
-# (bench/expand_pdl.py: H200, 4096- and 3584-wide projections at 1-128 tokens).
+# precedes it lets its dependents start early in the o-projection shapes; from 64 cuBLAS runs
+# another kernel, where PDL gained in one cell and cost up to 1.8 points of the GEMM in the
+# others (bench/expand_pdl.py: H200, 4096- and 3584-wide projections at 1-128 tokens).
 PDL_MAX_ROWS = 48
 
 
@@ -667,9 +667,11 @@ def expand_pdl(device: torch.device, rows: int) -> bool:
     scheduled while that GEMM's last tiles finish, where cuBLAS's kernel allows it, instead of
     after the GEMM has completed; each program waits for the GEMM (``gdc_wait``) before it reads
     anything, so the result is the same bit for bit. In a decode graph step of Qwen2-VL-7B's
-    q/k/v and o projections this took 20-31 us off 8-48 requests (``bench/expand_pdl.py``,
-    ``bench/graph_step.py``). A launch without the PDL attribute (the prepared launches that go
-    straight to the driver) runs the same kernel as an ordinary launch: the wait is then a no-op."""
+    q/k/v and o projections this took 19-27 us (6-8%) off the LoRA's cost at 8-48 requests on the
+    H200 (``bench/expand_pdl.py``, ``bench/graph_step.py``). The driver's direct launch
+    (:mod:`sglang_vlora.atmm.driver_launch`) cannot set the launch attribute, so prepared launches
+    of this kernel go through Triton's launcher; launched without the attribute, the wait would
+    be a no-op and the launch an ordinary one."""
     return (device.type == "cuda" and rows <= PDL_MAX_ROWS and pdl_setting()
             and _capability(device.index) >= (9, 0))
 

@@ -132,9 +132,10 @@ def test_bad_orchestrator_flags_are_refused_at_launch(flags, reason):
     assert reason in result.get("exit", ""), result
 
 
-def test_a_bad_direct_launch_switch_is_refused_at_launch():
-    result = probe(["--plugin", "vlora", *BASE_ARGS], extra_env={"SGLANG_VLORA_DIRECT_LAUNCH": "false"})
-    assert "SGLANG_VLORA_DIRECT_LAUNCH must be 0 or 1, got 'false'" in result.get("exit", ""), result
+@pytest.mark.parametrize("switch", ["SGLANG_VLORA_DIRECT_LAUNCH", "SGLANG_VLORA_PDL"])
+def test_a_bad_launch_switch_is_refused_at_launch(switch):
+    result = probe(["--plugin", "vlora", *BASE_ARGS], extra_env={switch: "false"})
+    assert f"{switch} must be 0 or 1, got 'false'" in result.get("exit", ""), result
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--vlora-admission", "fifo"), ("--vlora-keep-merged", "always")])
