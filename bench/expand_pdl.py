@@ -7,10 +7,11 @@ right after the GEMM that computed its inputs. With PDL (``SGLANG_VLORA_PDL``, o
 Hopper) the expand's programs may be scheduled before that GEMM has completed and wait for it
 on the GPU (``triton_kernels.expand_pdl``). For kernel-benchmark cells (same tensors, same
 CUDA-graph timing over copies that pass 5x the L2), rank 64, this times the base GEMM alone and
-the whole op three ways: PDL off, PDL on as shipped (expands of at most
-``triton_kernels.PDL_MAX_ROWS`` rows) and PDL on at every row count (``on_all_rows``: what the
-limit is measured against); they and the base GEMM take turns over ``--rounds`` rounds in one
-process, and every way must give the same output bit for bit.
+the whole op four ways: PDL off, PDL on as shipped (expands of at most
+``triton_kernels.PDL_MAX_ROWS`` rows and ``PDL_MAX_SLICES`` slices), PDL on for expands of any
+slice count up to the row limit (``on_all_slices``) and PDL on for every expand
+(``on_all_rows``): what the two limits are measured against. They and the base GEMM take turns
+over ``--rounds`` rounds in one process, and every way must give the same output bit for bit.
 
 Writes ``<out>/<tag>.json`` (per cell every round's microseconds; the op's extra over the base
 GEMM in % of it, from the medians) and a bar plot ``<out>/<tag>.png``.
@@ -40,19 +41,31 @@ from sglang_vlora.config import PDL_ENV  # noqa: E402
 CELLS = (
     *(("proj", "decode", n, 1, a) for n, a in ((1, 1), (8, 1), (8, 4), (32, 1), (32, 4), (64, 4), (128, 4))),
     *(("qkv", "decode", n, 1, 4) for n in (8, 32, 64)),
-    ("gate_up", "decode", 32, 1, 4),
+    *(("gate_up", "decode", n, 1, 4) for n in (8, 32)),
     *(("q2_o", "decode", n, 1, 4) for n in (8, 16, 32, 48, 64, 128)),
-    *(("q2_qkv", "decode", n, 1, 4) for n in (8, 32, 64, 128)),
+    *(("q2_qkv", "decode", n, 1, 4) for n in (8, 16, 32, 48, 64, 128)),
     ("proj", "prefill", 1, 1024, 1),
     ("proj", "prefill", 4, 1024, 4),
 )
-SHIPPED_MAX_ROWS = triton_kernels.PDL_MAX_ROWS
-# way: (SGLANG_VLORA_PDL, the most rows an expand launched with PDL has)
-WAYS = {"off": ("0", SHIPPED_MAX_ROWS), "on": ("1", SHIPPED_MAX_ROWS), "on_all_rows": ("1", 1 << 30)}
+SHIPPED = (triton_kernels.PDL_MAX_ROWS, triton_kernels.PDL_MAX_SLICES)
+MOST_SLICES = 3
+# way: (SGLANG_VLORA_PDL, the most rows and the most slices an expand launched with PDL has)
+WAYS = {
+    "off": ("0", *SHIPPED),
+    "on": ("1", *SHIPPED),
+    "on_all_slices": ("1", SHIPPED[0], MOST_SLICES),
+    "on_all_rows": ("1", 1 << 30, MOST_SLICES),
+}
+LABELS = {
+    "off": "PDL off",
+    "on": "PDL on (shipped)",
+    "on_all_slices": "PDL at every slice count",
+    "on_all_rows": "PDL at every row and slice count",
+}
 
 
 def use_way(way: str) -> None:
-    os.environ[PDL_ENV], triton_kernels.PDL_MAX_ROWS = WAYS[way]
+    os.environ[PDL_ENV], triton_kernels.PDL_MAX_ROWS, triton_kernels.PDL_MAX_SLICES = WAYS[way]
 
 
 def in_gemm_output(cell: Cell, way: str) -> torch.Tensor:
@@ -79,9 +92,10 @@ def plot(rows: list[dict], device: str, path: Path) -> None:
     labels = [r["cell"].replace(" ", "\n", 2) for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(1.1 * len(rows) + 2, 4))
+    width = 0.8 / len(WAYS)
     for i, way in enumerate(WAYS):
-        shift = (i - 1) * 0.27
-        ax.bar([x + shift for x in xs], [r["extra_pct"][way] for r in rows], width=0.27, label=f"PDL {way}")
+        shift = (i - (len(WAYS) - 1) / 2) * width
+        ax.bar([x + shift for x in xs], [r["extra_pct"][way] for r in rows], width=width, label=LABELS[way])
         for x, r in zip(xs, rows, strict=True):  # every round's extra, over that round's base GEMM
             ax.scatter([x + shift] * len(r["rounds_pct"][way]), r["rounds_pct"][way], color="k", s=6, zorder=3)
     ax.axhline(30, color="grey", linestyle=":", linewidth=1, label="decode target (30%)")
@@ -123,17 +137,17 @@ def main() -> None:
         del cell
         torch.cuda.empty_cache()
     os.environ.pop(PDL_ENV)
-    triton_kernels.PDL_MAX_ROWS = SHIPPED_MAX_ROWS
+    triton_kernels.PDL_MAX_ROWS, triton_kernels.PDL_MAX_SLICES = SHIPPED
     device = torch.cuda.get_device_name(0)
-    doc = {"what": __doc__.split("\n\n")[0], "device": device, "rank": 64, "pdl_max_rows": SHIPPED_MAX_ROWS,
-           "rows": rows}
+    doc = {"what": __doc__.split("\n\n")[0], "device": device, "rank": 64, "pdl_max_rows": SHIPPED[0],
+           "pdl_max_slices": SHIPPED[1], "ways": LABELS, "rows": rows}
     path = provenance.write_results(args.out, args.tag, doc, "bench/expand_pdl.py", sys.argv[1:])
     plot(rows, device, args.out / f"{args.tag}.png")
-    print("| cell | base GEMM us | PDL off % | PDL on % | PDL at every row count % | bit-exact |")
-    print("|---|---|---|---|---|---|")
+    print("| cell | base GEMM us | " + " | ".join(f"{LABELS[w]} %" for w in WAYS) + " | bit-exact |")
+    print("|---|---|" + "---|" * len(WAYS) + "---|")
     for r in rows:
-        print(f"| {r['cell']} | {statistics.median(r['us']['merged']):.2f} | {r['extra_pct']['off']} | "
-              f"{r['extra_pct']['on']} | {r['extra_pct']['on_all_rows']} | {r['bit_exact']} |")
+        print(f"| {r['cell']} | {statistics.median(r['us']['merged']):.2f} | "
+              + " | ".join(str(r["extra_pct"][w]) for w in WAYS) + f" | {r['bit_exact']} |")
     print("wrote", path)
 
 

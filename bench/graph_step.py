@@ -176,11 +176,16 @@ def main() -> None:
     ap.add_argument("--pdl-max-rows", type=parse_positive, default=None,
                     help="launch in-GEMM expands of up to this many rows with PDL (default: the shipped "
                          "triton_kernels.PDL_MAX_ROWS; SGLANG_VLORA_PDL=0 turns PDL off)")
+    ap.add_argument("--pdl-max-slices", type=parse_positive, default=None,
+                    help="launch in-GEMM expands of up to this many slices with PDL (default: the shipped "
+                         "triton_kernels.PDL_MAX_SLICES)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results (a temp dir with --smoke)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
     if args.pdl_max_rows is not None:
         triton_kernels.PDL_MAX_ROWS = args.pdl_max_rows
+    if args.pdl_max_slices is not None:
+        triton_kernels.PDL_MAX_SLICES = args.pdl_max_slices
     if not (args.smoke or torch.cuda.is_available()):
         print("bench/graph_step.py: no CUDA device, nothing measured (run it on a GPU; --smoke checks the code)")
         return
@@ -209,7 +214,8 @@ def main() -> None:
             "in_gemm (one GEMM over the base weight with every pool slot's A rows appended, then the "
             "expand into a new output); lists hold one median per trial")
     setup = {"dtype": str(dtype).removeprefix("torch."), "rank": rank, "adapters": ADAPTERS, "slots": args.slots,
-             "shapes": shapes, "pdl": pdl_setting(), "pdl_max_rows": triton_kernels.PDL_MAX_ROWS}
+             "shapes": shapes, "pdl": pdl_setting(), "pdl_max_rows": triton_kernels.PDL_MAX_ROWS,
+             "pdl_max_slices": triton_kernels.PDL_MAX_SLICES}
     save_results("graph_step", what, setup, rows, args, device, plot)
 
 

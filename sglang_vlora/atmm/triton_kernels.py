@@ -613,7 +613,7 @@ def _expand_calls(
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
         "K_GROUP": _k_group(inter, b_buffer, num_slices, config.block_k, in_gemm),
-        "USE_PDL": in_gemm is not None and expand_pdl(output.device, row_bound),
+        "USE_PDL": in_gemm is not None and expand_pdl(output.device, row_bound, num_slices),
     }
     calls = []
     for layer in range(num_layers):
@@ -655,13 +655,17 @@ def _expand_calls(
 # another kernel, where PDL gained in one cell and cost up to 1.8 points of the GEMM in the
 # others (bench/expand_pdl.py: H200, 4096- and 3584-wide projections at 1-128 tokens).
 PDL_MAX_ROWS = 48
+# The most slices an in-GEMM expand launched with PDL has. After the wider GEMMs of stacked
+# slices (q/k/v, gate/up) PDL gained nothing, and after Qwen2-VL-7B's q/k/v it cost 0.2-0.3 us
+# (bench/expand_pdl.py, H200): only one-slice expands (o, down) gain.
+PDL_MAX_SLICES = 1
 
 
-def expand_pdl(device: torch.device, rows: int) -> bool:
-    """Whether an in-GEMM expand of at most ``rows`` rows on ``device`` is launched with
-    programmatic dependent launch (PDL): a CUDA device of compute capability 9.0 or later
-    (Hopper's grid dependency control), at most :data:`PDL_MAX_ROWS` rows, and
-    ``SGLANG_VLORA_PDL`` not ``0``.
+def expand_pdl(device: torch.device, rows: int, num_slices: int) -> bool:
+    """Whether an in-GEMM expand of at most ``rows`` rows and ``num_slices`` slices on
+    ``device`` is launched with programmatic dependent launch (PDL): a CUDA device of compute
+    capability 9.0 or later (Hopper's grid dependency control), at most :data:`PDL_MAX_ROWS`
+    rows and :data:`PDL_MAX_SLICES` slices, and ``SGLANG_VLORA_PDL`` not ``0``.
 
     The expand follows the base GEMM that computed its inputs. With PDL its programs can be
     scheduled while that GEMM's last tiles finish, where cuBLAS's kernel allows it, instead of
@@ -672,7 +676,7 @@ def expand_pdl(device: torch.device, rows: int) -> bool:
     (:mod:`sglang_vlora.atmm.driver_launch`) cannot set the launch attribute, so prepared launches
     of this kernel go through Triton's launcher; launched without the attribute, the wait would
     be a no-op and the launch an ordinary one."""
-    return (device.type == "cuda" and rows <= PDL_MAX_ROWS and pdl_setting()
+    return (device.type == "cuda" and rows <= PDL_MAX_ROWS and num_slices <= PDL_MAX_SLICES and pdl_setting()
             and _capability(device.index) >= (9, 0))
 
 

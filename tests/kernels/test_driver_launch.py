@@ -236,18 +236,22 @@ def test_only_the_in_gemm_expand_on_hopper_asks_for_pdl(monkeypatch) -> None:
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(triton_kernels, "_capability", lambda index: (9, 0))
     most = triton_kernels.PDL_MAX_ROWS
-    assert triton_kernels.expand_pdl(cuda, most) is True
-    assert triton_kernels.expand_pdl(cuda, most + 1) is False
-    assert triton_kernels.expand_pdl(torch.device("cpu"), 8) is False
+    assert triton_kernels.PDL_MAX_SLICES == 1
+    assert triton_kernels.expand_pdl(cuda, most, 1) is True
+    assert triton_kernels.expand_pdl(cuda, most + 1, 1) is False
+    assert triton_kernels.expand_pdl(cuda, 8, 2) is False  # stacked slices (gate/up, q/k/v): no gain
+    assert triton_kernels.expand_pdl(cuda, 8, 3) is False
+    assert triton_kernels.expand_pdl(torch.device("cpu"), 8, 1) is False
     monkeypatch.setenv(PDL_ENV, "0")
-    assert triton_kernels.expand_pdl(cuda, 8) is False
+    assert triton_kernels.expand_pdl(cuda, 8, 1) is False
     monkeypatch.delenv(PDL_ENV)
     monkeypatch.setattr(triton_kernels, "_capability", lambda index: (8, 0))
-    assert triton_kernels.expand_pdl(cuda, 8) is False
+    assert triton_kernels.expand_pdl(cuda, 8, 1) is False
 
-    # with PDL available, only the in-GEMM expand asks for it, for its row bound
+    # with PDL available, only the in-GEMM expand asks for it, for its row bound and slices
     asked = []
-    monkeypatch.setattr(triton_kernels, "expand_pdl", lambda device, rows: asked.append(rows) or True)
+    monkeypatch.setattr(triton_kernels, "expand_pdl",
+                        lambda device, rows, num_slices: asked.append((rows, num_slices)) or True)
     items = StaticWorkItems.allocate(4, 8, 2, "cpu", covers_tokens=True)
     b = torch.zeros(2, 32, 8)
     y = torch.zeros(8, 32 + 2 * 8)
@@ -259,4 +263,4 @@ def test_only_the_in_gemm_expand_on_hopper_asks_for_pdl(monkeypatch) -> None:
     ((_, _, in_gemm_constexprs),) = triton_kernels._expand_calls(inter, b, out, *args, in_gemm=layout)
     ((_, _, separate_constexprs),) = triton_kernels._expand_calls(torch.zeros(8, 8), b, out, *args)
     assert in_gemm_constexprs["USE_PDL"] is True and separate_constexprs["USE_PDL"] is False
-    assert asked == [8]
+    assert asked == [(8, 1)]
