@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -50,6 +51,7 @@ os.environ.setdefault("SGLANG_USE_CUSTOM_TRITON_KERNEL_CACHE", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import provenance
+from bench.mode_cost import parse_positive
 from bench.plotting import pyplot
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
@@ -64,6 +66,8 @@ SHAPES = {
     "q2_qkv": (3584, (3584, 512, 512)),
     "q2_o": (3584, (3584,)),
 }
+METHODS = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_gemm", "atmm_cuda", "sglang_triton",
+           "sglang_csgmv", "bmm"]
 DECODE = [(n, 1) for n in (1, 8, 32, 128)]  # (requests, tokens per request)
 PREFILL = [(4, 256), (4, 1024), (1, 8192)]
 SCALE = 0.5
@@ -359,6 +363,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--check", action="store_true", help="bf16 error of every method vs fp32")
     ap.add_argument("--quick", action="store_true", help="decode 8/32 and prefill 4x1024 only")
+    ap.add_argument("--modes", nargs="+", default=["decode", "prefill"], choices=["decode", "prefill"])
+    ap.add_argument("--methods", nargs="+", default=None, choices=METHODS[1:],
+                    help="the methods to time besides merged (default: all)")
+    ap.add_argument("--rounds", type=parse_positive, default=1,
+                    help="time every method of a cell this many times, taking turns; a cell's figure is the "
+                         "median (a drifting GPU moves every method alike within a round)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--tag", default="kernels")
     args = ap.parse_args()
@@ -372,7 +382,8 @@ def main() -> None:
         sglang_version = sglang.__version__
     except ImportError:
         peers, sglang_version = [], None
-    methods = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_gemm", "atmm_cuda", *peers, "bmm"]
+    chosen = METHODS[1:] if args.methods is None else args.methods
+    methods = ["merged", *(m for m in METHODS[1:] if m in chosen and (m in peers or not m.startswith("sglang_")))]
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 
@@ -396,7 +407,7 @@ def main() -> None:
     rows: list[dict] = []
     for shape in args.shapes:
         for rank in args.ranks:
-            for mode, cells in (("decode", decode), ("prefill", prefill)):
+            for mode, cells in (m for m in (("decode", decode), ("prefill", prefill)) if m[0] in args.modes):
                 for requests, per_req in cells:
                     for adapters in args.adapters:
                         if adapters > requests:
@@ -413,14 +424,13 @@ def main() -> None:
                             "us": {},
                             "err": {},
                         }
+                        times = time_in_turns(cell, methods, args.rounds, args.iters, row["err"])
                         for name in methods:
-                            try:
-                                row["us"][name] = round(cell.time_us(name, args.iters), 2)
-                                if args.check and name != "merged":
-                                    row["err"][name] = round(cell.rel_error(name), 5)
-                            except Exception as exc:  # a failing peer must not stop the run
-                                row["us"][name] = None
-                                row["err"][name] = f"{type(exc).__name__}: {exc}"[:200]
+                            row["us"][name] = None if name in row["err"] else round(statistics.median(times[name]), 2)
+                            if args.check and name != "merged" and name not in row["err"]:
+                                row["err"][name] = round(cell.rel_error(name), 5)
+                        if args.rounds > 1:
+                            row["rounds_us"] = {n: [round(t, 2) for t in ts] for n, ts in times.items() if ts}
                         base = row["us"]["merged"]
                         row["extra_pct"] = {
                             n: None if row["us"][n] is None else round(100 * (row["us"][n] - base) / base, 1)
@@ -435,6 +445,22 @@ def main() -> None:
     plot(rows, methods, meta, args.out / f"{args.tag}.png")
     print(json.dumps(meta))
     print_table(rows, methods)
+
+
+def time_in_turns(cell: Cell, methods: list[str], rounds: int, iters: int, errors: dict) -> dict[str, list[float]]:
+    """Every method's microseconds per round, the methods taking turns within each round; a
+    method that raises is recorded in ``errors`` and not timed again (a failing peer must not
+    stop the run)."""
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name in methods:
+            if name in errors:
+                continue
+            try:
+                times[name].append(cell.time_us(name, iters))
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:200]
+    return times
 
 
 def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
