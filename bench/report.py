@@ -463,7 +463,7 @@ def expand_pdl(run: dict) -> str:
     """docs/atmm.md: the in-GEMM op with its expand launched with and without PDL
     (bench/expand_pdl.py), extra over the base GEMM in % of it."""
     lines = table_head("cell (tokens x adapters)", "base GEMM µs", "PDL off %",
-                       f"PDL on, up to {run['pdl_max_rows']} rows (shipped) %", "PDL at every row count %",
+                       f"PDL on, up to {run['pdl_max_rows']} rows %", "PDL at every row count %",
                        "same bits")
     for r in run["rows"]:
         pct = r["extra_pct"]
@@ -478,15 +478,74 @@ def expand_pdl(run: dict) -> str:
 def graph_step_pdl(off: dict, on: dict, all_rows: dict) -> str:
     """docs/atmm.md: a decode graph step's LoRA cost (bench/graph_step.py, in-GEMM, unmerged) with
     the expand launched without PDL, with it up to the shipped row limit, and at every row count."""
-    lines = table_head("requests", "PDL off µs", f"PDL on, up to {on['pdl_max_rows']} rows (shipped) µs",
+    lines = table_head("requests", "PDL off µs", f"PDL on, up to {on['pdl_max_rows']} rows µs",
                        "PDL at every row count µs")
-
-    def cell(row: dict) -> str:
-        ms = sorted(row["in_gemm_adds_ms"])
-        return f"{1000 * ms[len(ms) // 2]:.1f} ({1000 * ms[0]:.1f}-{1000 * ms[-1]:.1f})"
-
     for a, b, c in zip(off["rows"], on["rows"], all_rows["rows"], strict=True):
-        lines.append(f"| {a['requests']} | {cell(a)} | {cell(b)} | {cell(c)} |")
+        lines.append(f"| {a['requests']} | {_step_us(a)} | {_step_us(b)} | {_step_us(c)} |")
+    return "\n".join(lines)
+
+
+def _step_us(row: dict) -> str:
+    """A graph step's in-GEMM LoRA cost in µs: the median trial (min-max)."""
+    ms = sorted(row["in_gemm_adds_ms"])
+    return f"{1000 * ms[len(ms) // 2]:.1f} ({1000 * ms[0]:.1f}-{1000 * ms[-1]:.1f})"
+
+
+@block("expand-pdl-slices", "expand_pdl_slices_h200.json")
+def expand_pdl_slices(run: dict) -> str:
+    """docs/atmm.md: the in-GEMM op with its expand launched with PDL as shipped (rows and slices
+    limited) against PDL at every slice count and at every row and slice count
+    (bench/expand_pdl.py), extra over the base GEMM in % of it."""
+    ways = list(run["ways"])
+    labels = {**run["ways"], "on": f"PDL on, up to {run['pdl_max_rows']} rows and {run['pdl_max_slices']} slice "
+                                    "(shipped)"}
+    lines = table_head("cell (tokens x adapters)", "base GEMM µs", *(f"{labels[w]} %" for w in ways), "same bits")
+    for r in run["rows"]:
+        base = sorted(r["us"]["merged"])[len(r["us"]["merged"]) // 2]
+        lines.append(f"| {r['cell']} | {base:.1f} | " + " | ".join(f"{r['extra_pct'][w]:.1f}" for w in ways)
+                     + f" | {'yes' if r['bit_exact'] else 'no'} |")
+    return "\n".join(lines)
+
+
+@block("graph-step-pdl-slices", "graph_step_pdl_slices_off_h200.json", "graph_step_pdl_slices_on_h200.json",
+       "graph_step_pdl_slices_all_h200.json")
+def graph_step_pdl_slices(off: dict, on: dict, all_slices: dict) -> str:
+    """docs/atmm.md: a decode graph step's LoRA cost (bench/graph_step.py, in-GEMM, unmerged) with
+    the expand launched without PDL, with it as shipped (one-slice expands of at most the row
+    limit) and with it for expands of every slice count."""
+    lines = table_head("requests", "PDL off µs",
+                       f"PDL on, up to {on['pdl_max_rows']} rows and {on['pdl_max_slices']} slice (shipped) µs",
+                       f"PDL on at every slice count (up to {all_slices['pdl_max_slices']}) µs")
+    for a, b, c in zip(off["rows"], on["rows"], all_slices["rows"], strict=True):
+        lines.append(f"| {a['requests']} | {_step_us(a)} | {_step_us(b)} | {_step_us(c)} |")
+    return "\n".join(lines)
+
+
+@block("kernels-prefill-rounds", "kernels_prefill_rounds_h200.json")
+def kernels_prefill_rounds(run: dict) -> str:
+    """docs/atmm.md and README: rank-64 prefill cells with the methods taking turns over rounds
+    (bench/kernels.py --rounds): each entry point's median extra over the base GEMM and the
+    range of its per-round extras, and how many cells the best one brings within the target."""
+    methods = [m for m in run["rows"][0]["rounds_us"] if m != "merged"]
+    lines = table_head("cell (tokens x adapters)", "base GEMM µs (rounds)",
+                       *(f"{KERNEL_METHODS.get(m, m)} % (rounds)" for m in methods), "best %")
+    best_all = []
+    for r in run["rows"]:
+        rounds = r["rounds_us"]
+        base = rounds["merged"]
+        cells = []
+        for m in methods:
+            per_round = [100 * (t - b) / b for t, b in zip(rounds[m], base, strict=True)]
+            cells.append(f"{r['extra_pct'][m]:.1f} ({min(per_round):.1f}-{max(per_round):.1f})")
+        best = min(r["extra_pct"][m] for m in methods)
+        best_all.append(best)
+        lines.append(f"| {r['shape']} {r['tokens']}x{r['adapters']} | {r['us']['merged']:.1f} "
+                     f"({min(base):.0f}-{max(base):.0f}) | " + " | ".join(cells) + f" | {best:.1f} |")
+    n_rounds = len(run["rows"][0]["rounds_us"]["merged"])
+    target, stretch = TARGET_PCT["prefill"], PREFILL_STRETCH_PCT
+    lines += ["", f"Over {n_rounds} rounds in turns, the best entry point's median is at most {target:.0f}% in "
+              f"{sum(b <= target for b in best_all)} of {len(best_all)} cells and at most {stretch:.0f}% in "
+              f"{sum(b <= stretch for b in best_all)}."]
     return "\n".join(lines)
 
 

@@ -655,9 +655,10 @@ def _expand_calls(
 # another kernel, where PDL gained in one cell and cost up to 1.8 points of the GEMM in the
 # others (bench/expand_pdl.py: H200, 4096- and 3584-wide projections at 1-128 tokens).
 PDL_MAX_ROWS = 48
-# The most slices an in-GEMM expand launched with PDL has. After the wider GEMMs of stacked
-# slices (q/k/v, gate/up) PDL gained nothing, and after Qwen2-VL-7B's q/k/v it cost 0.2-0.3 us
-# (bench/expand_pdl.py, H200): only one-slice expands (o, down) gain.
+# The most slices an in-GEMM expand launched with PDL has. After Qwen2-VL-7B's q/k/v GEMM PDL
+# cost 0.1-0.3 us an expand, after the 3x4096 q/k/v nothing measurable, after a 2x11008 gate/up
+# 0.3-0.6 us less (bench/expand_pdl.py, H200); one slice (o, down) is where it gains on the
+# model the benchmarks serve: 5-9 us less a Qwen2-VL-7B decode graph step than at every slice count.
 PDL_MAX_SLICES = 1
 
 
@@ -671,7 +672,7 @@ def expand_pdl(device: torch.device, rows: int, num_slices: int) -> bool:
     scheduled while that GEMM's last tiles finish, where cuBLAS's kernel allows it, instead of
     after the GEMM has completed; each program waits for the GEMM (``gdc_wait``) before it reads
     anything, so the result is the same bit for bit. In a decode graph step of Qwen2-VL-7B's
-    q/k/v and o projections this took 19-27 us (6-8%) off the LoRA's cost at 8-48 requests on the
+    q/k/v and o projections this took 21-34 us (7-10%) off the LoRA's cost at 8-48 requests on the
     H200 (``bench/expand_pdl.py``, ``bench/graph_step.py``). The driver's direct launch
     (:mod:`sglang_vlora.atmm.driver_launch`) cannot set the launch attribute, so prepared launches
     of this kernel go through Triton's launcher; launched without the attribute, the wait would

@@ -44,3 +44,16 @@ def test_the_rank64_table_shows_a_failed_cell_as_a_dash():
     lines = report.kernels_rank64({"rows": [ok]}, {"rows": [failed]}).splitlines()
     assert "ATMM shrink in the GEMM %" in lines[0]
     assert "| **25** |" in lines[2] and "| **45** | - |" in lines[3]
+
+
+def test_the_rounds_table_counts_cells_by_the_best_median_and_shows_each_rounds_extra():
+    def cell(tokens: int, merged: list[float], gemm: list[float], median: float) -> dict:
+        return {"shape": "gate_up", "tokens": tokens, "adapters": 1, "us": {"merged": sorted(merged)[1]},
+                "extra_pct": {"atmm_gemm": median}, "rounds_us": {"merged": merged, "atmm_gemm": gemm}}
+
+    run = {"rows": [cell(4096, [100.0, 110.0, 120.0], [108.0, 121.0, 126.0], 10.0),
+                    cell(1024, [10.0, 10.0, 10.0], [12.5, 12.0, 12.2], 22.0)]}
+    text = report.kernels_prefill_rounds(run)
+    assert "| gate_up 4096x1 | 110.0 (100-120) | 10.0 (5.0-10.0) | 10.0 |" in text
+    assert "| gate_up 1024x1 | 10.0 (10-10) | 22.0 (20.0-25.0) | 22.0 |" in text
+    assert "at most 20% in 1 of 2 cells and at most 10% in 1." in text
