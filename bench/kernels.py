@@ -27,6 +27,12 @@ independent copies of every tensor (weights, adapters, inputs, outputs: one "lay
 each) to pass 5x the L2 size, so nothing is served from L2 that a model would not;
 time = median replay / copies. ``--check`` compares every method's LoRA delta in
 bf16 with an fp32 computation and reports the relative error.
+
+One run times the methods of a cell one after another, the base GEMM first. In long prefill
+cells the GPU's state moves between them (the base GEMM, timed after the cell's set-up has
+left the GPU idle, read up to 12% faster in its first round than in later ones on the H200):
+``--rounds N`` times every method N times in turns and reports each method's median, with
+every round's time in ``rounds_us``.
 """
 
 from __future__ import annotations
