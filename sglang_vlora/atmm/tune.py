@@ -374,10 +374,21 @@ def search_cuda(
     return best
 
 
-def search_cublas(shapes: list[Shape], reps: int, iters: int, log: Callable[[str], None]) -> dict[Shape, float]:
-    """Time the cuBLAS implementation (no configuration to search) on each shape."""
+def search_cublas(
+    shapes: list[Shape],
+    reps: int,
+    iters: int,
+    log: Callable[[str], None],
+    budget_s: float | None = None,
+) -> dict[Shape, float]:
+    """Time the cuBLAS implementation (no configuration to search) on each shape; with
+    ``budget_s`` later shapes are left out once it is spent (they keep Triton's result)."""
+    budget = Budget(budget_s)
     best: dict[Shape, float] = {}
     for shape in shapes:
+        if budget.spent():
+            log(f"budget: cublas stopped after {len(best)} of {len(shapes)} shapes")
+            break
         problem = Problem(shape)
         us = time_candidate(problem, None, reps, iters, "cublas")
         del problem
@@ -494,6 +505,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--cuda-budget-s", type=float, default=None, help="stop timing the CUDA implementation after this long"
     )
+    ap.add_argument(
+        "--cublas-budget-s", type=float, default=None, help="stop timing the cuBLAS implementation after this long"
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="stop timing after this long")
     ap.add_argument("--log", type=Path, default=None, help="per-shape results, one line each")
     return ap.parse_args(argv)
@@ -531,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     cublas_best: dict[Shape, float] = {}
     if "cublas" in args.impls:
         cublas_best = search_cublas([sh for sh in shapes if sh in best and sh[0] != "expand_in_gemm"], args.reps,
-                                    args.iters, log)
+                                    args.iters, log, args.cublas_budget_s)
         wins = sum(1 for sh, us in cublas_best.items() if us < best[sh][1])
         print(f"cublas: timed {len(cublas_best)} shapes, faster than Triton on {wins}")
     import triton

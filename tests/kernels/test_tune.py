@@ -145,6 +145,17 @@ def test_search_budget_cuts_stage_1_then_stage_2(monkeypatch) -> None:
     assert best[shapes[0]][1] == min(_cost(shapes[0], c) for _, c in gpu.timed)
 
 
+def test_cublas_budget_leaves_later_shapes_to_triton(monkeypatch) -> None:
+    gpu = _fake_gpu(monkeypatch)
+    shapes = [("shrink", 4096, 16, m) for m in (1, 8, 64, 256)]
+    lines: list[str] = []
+    # one second a timing: after the budget of 1.5 s, the third shape is not timed
+    best = tune.search_cublas(shapes, reps=1, iters=1, log=lines.append, budget_s=1.5)
+    assert list(best) == shapes[:2] and [s for s, _ in gpu.timed] == shapes[:2]
+    assert lines[-1] == "budget: cublas stopped after 2 of 4 shapes"
+    assert list(tune.search_cublas(shapes, reps=1, iters=1, log=lines.append)) == shapes  # no budget: all
+
+
 def test_write_table_keeps_the_in_gemm_expand_apart(tmp_path) -> None:
     path = tmp_path / "t.json"
     key = ("expand", 4096, 1, 64, 16, (4096,))
