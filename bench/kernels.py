@@ -390,6 +390,8 @@ def main() -> None:
         peers, sglang_version = [], None
     chosen = METHODS[1:] if args.methods is None else args.methods
     methods = ["merged", *(m for m in METHODS[1:] if m in chosen and (m in peers or not m.startswith("sglang_")))]
+    if missing := [m for m in chosen if m not in methods]:
+        print(f"not timed (sglang is not installed): {', '.join(missing)}", flush=True)
     if "atmm_cuda" in methods:
         from sglang_vlora.atmm import cuda_ext
 
@@ -434,7 +436,7 @@ def main() -> None:
                         for name in methods:
                             row["us"][name] = None if name in row["err"] else round(statistics.median(times[name]), 2)
                             if args.check and name != "merged" and name not in row["err"]:
-                                row["err"][name] = round(cell.rel_error(name), 5)
+                                row["err"][name] = checked_error(cell, name)
                         if args.rounds > 1:
                             row["rounds_us"] = {n: [round(t, 2) for t in ts] for n, ts in times.items() if ts}
                         base = row["us"]["merged"]
@@ -467,6 +469,15 @@ def time_in_turns(cell: Cell, methods: list[str], rounds: int, iters: int, error
             except Exception as exc:
                 errors[name] = f"{type(exc).__name__}: {exc}"[:200]
     return times
+
+
+def checked_error(cell: Cell, method: str) -> float | str:
+    """The method's bf16 error against fp32, or why the check raised (a failing peer must not
+    stop the run; its timing stands)."""
+    try:
+        return round(cell.rel_error(method), 5)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def write_json(path: Path, meta: dict, rows: list[dict]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.kernels import time_in_turns
+from bench.kernels import checked_error, time_in_turns
 
 
 class FakeCell:
@@ -25,3 +25,14 @@ def test_methods_take_turns_and_a_failure_is_timed_once() -> None:
     assert cell.calls == ["merged", "atmm", "bmm", "merged", "atmm", "merged", "atmm"]
     assert times == {"merged": [10.0, 11.0, 12.0], "atmm": [13.0, 14.0, 15.0], "bmm": []}
     assert errors == {"bmm": "RuntimeError: no kernel for this shape"}
+
+
+def test_an_error_check_that_raises_is_recorded_not_raised() -> None:
+    class Cell:
+        def rel_error(self, method: str) -> float:
+            if method == "sglang_csgmv":
+                raise ValueError("shape not supported")
+            return 0.0041234
+
+    assert checked_error(Cell(), "atmm") == 0.00412
+    assert checked_error(Cell(), "sglang_csgmv") == "ValueError: shape not supported"
