@@ -45,10 +45,6 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 3
-    # the shrink's own K loop (launch_fused): a program streams a row tile's whole input, in
-    # the shared memory the GEMM's stages leave (196 KB in all at these defaults, sm_90)
-    shrink_block_k: int = 128
-    shrink_stages: int = 2
 
 
 DEFAULT_CONFIG = GemmConfig()
@@ -59,9 +55,6 @@ def config_for(max_rank: int) -> GemmConfig:
     memory of a pipeline stage of 128x256 tiles (3 stages ran out of it at rank 128 on the
     H200, 2 stages cost 79-100% of the base GEMM), so the tiles are 128 columns wide."""
     return DEFAULT_CONFIG if max_rank <= 64 else GemmConfig(block_n=128)
-
-
-STATE_HEAD = tl.constexpr(3)  # launch_state's counters before the unit flags
 
 
 @triton.jit
@@ -127,62 +120,50 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
 
 
 @triton.jit
-def row_shrink(xs_desc, a_desc, row0, a_row, rank, K, BLOCK_M: tl.constexpr, SHRINK_BK: tl.constexpr,
-               R_BLOCK: tl.constexpr, SHRINK_STAGES: tl.constexpr):
+def row_shrink(x_desc, a_desc, row0, a_row, rank, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               R_BLOCK: tl.constexpr):
     """fp32 ``x[row0 : row0 + BLOCK_M] @ A[a_row : a_row + rank]^T`` as ``[BLOCK_M, R_BLOCK]``:
-    the pool's rows past ``rank`` (the next slice's or slot's) are read and their columns zeroed.
-    Its own K tile and pipeline depth: one program streams a row tile's whole input through it."""
+    the pool's rows past ``rank`` (the next slice's or slot's) are read and their columns zeroed."""
     acc = tl.zeros((BLOCK_M, R_BLOCK), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, SHRINK_BK), num_stages=SHRINK_STAGES):
-        acc = tl.dot(xs_desc.load([row0, k * SHRINK_BK]), a_desc.load([a_row, k * SHRINK_BK]).T, acc)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), a_desc.load([a_row, k * BLOCK_K]).T, acc)
     return tl.where(tl.arange(0, R_BLOCK)[None, :] < rank, acc, 0.0)
 
 
 @triton.jit
-def shrink_slot(xs_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K, a_slot_rows,
-                BLOCK_M: tl.constexpr, SHRINK_BK: tl.constexpr, R_BLOCK: tl.constexpr, SHRINK_STAGES: tl.constexpr):
+def shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K, a_slot_rows,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr):
     """Writes slice ``s`` of ``slot``'s shrink into ``inter`` at the rows of the tile that are
     that slot's (columns ``s * rank`` on, as the pool stores the slices)."""
     rank = tl.load(ranks_ptr + slot)
     mine = slots == slot
     if (rank > 0) & (tl.max(mine.to(tl.int32)) > 0):
-        part = row_shrink(xs_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, SHRINK_BK, R_BLOCK,
-                          SHRINK_STAGES)
+        part = row_shrink(x_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, BLOCK_K, R_BLOCK)
         offs_r = tl.arange(0, R_BLOCK)
         ptrs = inter_ptr + rows[:, None] * inter_stride + s * rank + offs_r[None, :]
         tl.store(ptrs, part.to(inter_ptr.dtype.element_ty), mask=mine[:, None] & (offs_r[None, :] < rank))
 
 
 @triton.jit
-def fused_lora_tile(acc, ready, xs_desc, a_desc, i_desc, bb_desc, slot, slots, scales, ranks_ptr, row0, col0, s, N,
-                    K, a_slot_rows, BLOCK_M: tl.constexpr, SHRINK_BK: tl.constexpr, R_BLOCK: tl.constexpr,
-                    SHRINK_STAGES: tl.constexpr, DTYPE: tl.constexpr):
+def fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, slot, slots, scales, rows,
+                    ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                    R_BLOCK: tl.constexpr, DTYPE: tl.constexpr):
     """``acc + scale * inter @ B^T`` over the tile's rows of ``slot``, ``inter`` read from the
-    shrink programs' output where ``ready``, else computed here (the same K loop and rounding).
-    ``inter`` comes through a tensor descriptor: pointer loads of the tile cost the GEMM's
-    accumulator its registers (it spilled)."""
+    shrink programs' output where ``ready``, else computed here (the same K loop, the same
+    rounding: either way the same bits)."""
     offs_r = tl.arange(0, R_BLOCK)
     rank = tl.load(ranks_ptr + slot)
     keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
     part_b = bb_desc.load([slot * N + col0, 0])
     part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(DTYPE)
     if ready:
-        part_i = i_desc.load([row0, s * rank]).to(tl.float32)
+        ptrs = inter_ptr + rows[:, None] * inter_stride + s * rank + offs_r[None, :]
+        part_i = tl.load(ptrs, mask=keep, other=0.0).to(tl.float32)
     else:
-        part_i = row_shrink(xs_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, SHRINK_BK,
-                            R_BLOCK, SHRINK_STAGES).to(DTYPE).to(tl.float32)
+        part_i = row_shrink(x_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, BLOCK_K,
+                            R_BLOCK).to(DTYPE).to(tl.float32)
     part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(DTYPE)
     return tl.dot(part_i, part_b.T, acc)
-
-
-@triton.jit
-def proxy_fence(ON: tl.constexpr):
-    """``fence.proxy.async.global``: orders this thread's global accesses through the generic
-    proxy (plain loads and stores) with those through the async proxy (tensor-descriptor loads),
-    which the memory model does not order otherwise. Off under Triton's interpreter (no PTX)."""
-    if ON:
-        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -198,12 +179,11 @@ def launch_done(state_ptr, epoch):
 # M and the shrink programs' count change with every batch: not specialised, so one compiled
 # variant per module shape serves every batch.
 @triton.jit(do_not_specialize=("M", "shrink_programs", "row_tiles"))
-def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, xs_desc, a_desc, bb_desc, i_desc, inter_ptr, state_ptr,
-                            bias_ptr, tok_slots_ptr, tok_scales_ptr, ranks_ptr, M, N, K, off1, off2, inter_stride,
-                            a_slot_rows, shrink_programs, row_tiles, num_slices, HAS_BIAS: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            R_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, SHRINK_BK: tl.constexpr,
-                            SHRINK_STAGES: tl.constexpr, MAX_POLLS: tl.constexpr, PROXY_FENCE: tl.constexpr):
+def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, a_desc, bb_desc, inter_ptr, state_ptr, bias_ptr, tok_slots_ptr,
+                            tok_scales_ptr, ranks_ptr, M, N, K, off1, off2, inter_stride, a_slot_rows,
+                            shrink_programs, row_tiles, num_slices, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr,
+                            GROUP_M: tl.constexpr, MAX_POLLS: tl.constexpr):
     """The first ``shrink_programs`` programs compute the shrink, one (slice, row tile) unit at a
     time, slice-major (the order the output tiles reach them), and publish each unit by setting
     its flag to this launch's epoch; every other program is one output tile: the K loop over
@@ -211,14 +191,13 @@ def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, xs_desc, a_desc, bb_desc, 
     or, where the flag does not read the epoch after ``MAX_POLLS`` polls, a shrink of its own.
     Nothing waits without bound, so no launch order or co-residency is assumed.
 
-    ``state_ptr``: the launch counter, the count of programs done, the count of tiles that
-    computed their own shrink, then the unit flags; the epoch is one past the counter, which the
-    launch's last program advances, so the state lives on the device and a CUDA graph's replays
-    each get their own epoch."""
+    ``state_ptr``: the launch counter, the count of programs done, then the unit flags; the
+    epoch is one past the counter, which the launch's last program advances, so the state lives
+    on the device and a CUDA graph's replays each get their own epoch."""
     pid = tl.program_id(0)
     dtype = out_desc.dtype
     epoch = tl.load(state_ptr, volatile=True) + 1
-    flags_ptr = state_ptr + STATE_HEAD
+    flags_ptr = state_ptr + 2
     if pid < shrink_programs:
         for unit in range(pid, row_tiles * num_slices, shrink_programs):
             s = unit // row_tiles
@@ -228,12 +207,11 @@ def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, xs_desc, a_desc, bb_desc, 
             lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
             hi = tl.max(slots)
             if hi >= 0:
-                shrink_slot(xs_desc, a_desc, inter_ptr, inter_stride, lo, slots, rows, ranks_ptr, row0, s, K,
-                            a_slot_rows, BLOCK_M, SHRINK_BK, R_BLOCK, SHRINK_STAGES)
+                shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, lo, slots, rows, ranks_ptr, row0, s, K,
+                            a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK)
             for slot in range(lo + 1, hi + 1):
-                shrink_slot(xs_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K,
-                            a_slot_rows, BLOCK_M, SHRINK_BK, R_BLOCK, SHRINK_STAGES)
-            proxy_fence(PROXY_FENCE)  # the stores, before the tiles' descriptor (async proxy) loads
+                shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K,
+                            a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK)
             tl.debug_barrier()  # every thread's stores before the flag (CUTLASS's semaphore pattern)
             tl.atomic_xchg(flags_ptr + unit, epoch, sem="release")
         launch_done(state_ptr, epoch)
@@ -258,22 +236,20 @@ def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, xs_desc, a_desc, bb_desc, 
                 flag = tl.atomic_add(unit_flag, 0, sem="acquire")
                 polls += 1
             tl.debug_barrier()
-            proxy_fence(PROXY_FENCE)
-        ready = flag == epoch
-        if (hi >= 0) & (flag != epoch):  # counted: a tile that computes its own shrink costs a K loop more
-            tl.atomic_add(state_ptr + 2, 1, sem="relaxed")
         launch_done(state_ptr, epoch)
+        ready = flag == epoch
         if hi >= 0:
-            acc = fused_lora_tile(acc, ready, xs_desc, a_desc, i_desc, bb_desc, lo, slots, scales, ranks_ptr, row0,
-                                  col0, s, N, K, a_slot_rows, BLOCK_M, SHRINK_BK, R_BLOCK, SHRINK_STAGES, dtype)
+            acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, lo, slots, scales,
+                                  rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK,
+                                  dtype)
             if hi > lo:
-                acc = fused_lora_tile(acc, ready, xs_desc, a_desc, i_desc, bb_desc, hi, slots, scales, ranks_ptr,
-                                      row0, col0, s, N, K, a_slot_rows, BLOCK_M, SHRINK_BK, R_BLOCK, SHRINK_STAGES,
-                                      dtype)
+                acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, hi, slots,
+                                      scales, rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M, BLOCK_K,
+                                      R_BLOCK, dtype)
                 for slot in range(lo + 1, hi):
-                    acc = fused_lora_tile(acc, ready, xs_desc, a_desc, i_desc, bb_desc, slot, slots, scales,
-                                          ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M, SHRINK_BK, R_BLOCK,
-                                          SHRINK_STAGES, dtype)
+                    acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, slot, slots,
+                                          scales, rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M,
+                                          BLOCK_K, R_BLOCK, dtype)
         if HAS_BIAS:
             cols = col0 + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -368,13 +344,12 @@ _STATE: dict[torch.device, torch.Tensor] = {}
 
 
 def launch_state(device: torch.device) -> torch.Tensor:
-    """The device's launch state for the kernel that computes its own shrink (int64, zeroed on
-    first use, then left as the kernels leave them): the launch counter, the count of programs
-    done (zero between launches), the running count of tiles that computed their own shrink,
-    then the unit flags. First use must not be inside CUDA-graph capture; launches must not run
-    concurrently on several streams of one device (as split-K's counters)."""
+    """The device's launch state for the kernel that computes its own shrink: the launch
+    counter, the count of programs done and the unit flags (int64, zeroed on first use, then
+    left as the kernels leave them). First use must not be inside CUDA-graph capture; launches
+    must not run concurrently on several streams of one device (as split-K's counters)."""
     if device not in _STATE:
-        _STATE[device] = torch.zeros(STATE_HEAD.value + FLAG_SLOTS, dtype=torch.int64, device=device)
+        _STATE[device] = torch.zeros(2 + FLAG_SLOTS, dtype=torch.int64, device=device)
     return _STATE[device]
 
 
@@ -413,17 +388,14 @@ def launch_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
         TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
         TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]),
-        TensorDescriptor.from_tensor(x, [config.block_m, config.shrink_block_k]),
-        TensorDescriptor.from_tensor(a_buffer.view(-1, k), [rank_block, config.shrink_block_k]),
+        TensorDescriptor.from_tensor(a_buffer.view(-1, k), [rank_block, config.block_k]),
         TensorDescriptor.from_tensor(b_buffer.view(-1, b_buffer.shape[2]), [config.block_n, rank_block]),
-        TensorDescriptor.from_tensor(inter, [config.block_m, rank_block]),
         inter, launch_state(x.device), bias if bias is not None else out, token_slots, token_scales, ranks, m, n, k,
         offs[1], offs[2], inter.stride(0), a_buffer.shape[1], programs, row_tiles, num_slices,
     )
     constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
                   "BLOCK_K": config.block_k, "R_BLOCK": rank_block, "GROUP_M": config.group_m,
-                  "SHRINK_BK": config.shrink_block_k, "SHRINK_STAGES": config.shrink_stages, "MAX_POLLS": MAX_POLLS,
-                  "PROXY_FENCE": x.is_cuda}
+                  "MAX_POLLS": MAX_POLLS}
     grid = (programs + tiles,)
     if compile_only:
         _gemm_lora_fused_kernel.warmup(*args, grid=grid, **constexprs, num_warps=config.num_warps,
