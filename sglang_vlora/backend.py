@@ -547,11 +547,10 @@ class ATMMLoRABackend(BaseLoRABackend):
             return None
         weight = fused.weight[: fused.out_features]
         # The batch's gemm_items are never permuted nor overlapping: the shape decides.
-        key = (x.dtype, x.stride(), tuple(weight.shape), tuple(lora_a.shape), lora_a.stride(), tuple(lora_b.shape),
-               tuple(slice_offsets))
+        key = (x.dtype, x.stride(), tuple(weight.shape), tuple(lora_b.shape), tuple(slice_offsets))
         if key not in self._lora_gemm_reasons:
             reason = ("pool max rank above 64" if lora_b.shape[2] > LORA_GEMM_MAX_RANK
-                      else gemm_lora.unsupported(x, weight, lora_b, slice_offsets, a_buffer=lora_a))
+                      else gemm_lora.unsupported(x, weight, lora_b, slice_offsets))
             self._lora_gemm_reasons[key] = reason
             if reason is not None:
                 logger.info("LoRA in the plugin's GEMM not used for a %s module: %s", tuple(weight.shape), reason)

@@ -119,149 +119,9 @@ def _gemm_lora_kernel(x_desc, w_desc, out_desc, i_desc, bb_desc, bias_ptr, tok_s
     out_desc.store([row0, col0], acc.to(dtype))
 
 
-@triton.jit
-def row_shrink(x_desc, a_desc, row0, a_row, rank, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-               R_BLOCK: tl.constexpr):
-    """fp32 ``x[row0 : row0 + BLOCK_M] @ A[a_row : a_row + rank]^T`` as ``[BLOCK_M, R_BLOCK]``:
-    the pool's rows past ``rank`` (the next slice's or slot's) are read and their columns zeroed."""
-    acc = tl.zeros((BLOCK_M, R_BLOCK), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), a_desc.load([a_row, k * BLOCK_K]).T, acc)
-    return tl.where(tl.arange(0, R_BLOCK)[None, :] < rank, acc, 0.0)
-
-
-@triton.jit
-def shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K, a_slot_rows,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr):
-    """Writes slice ``s`` of ``slot``'s shrink into ``inter`` at the rows of the tile that are
-    that slot's (columns ``s * rank`` on, as the pool stores the slices)."""
-    rank = tl.load(ranks_ptr + slot)
-    mine = slots == slot
-    if (rank > 0) & (tl.max(mine.to(tl.int32)) > 0):
-        part = row_shrink(x_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, BLOCK_K, R_BLOCK)
-        offs_r = tl.arange(0, R_BLOCK)
-        ptrs = inter_ptr + rows[:, None] * inter_stride + s * rank + offs_r[None, :]
-        tl.store(ptrs, part.to(inter_ptr.dtype.element_ty), mask=mine[:, None] & (offs_r[None, :] < rank))
-
-
-@triton.jit
-def fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, slot, slots, scales, rows,
-                    ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                    R_BLOCK: tl.constexpr, DTYPE: tl.constexpr):
-    """``acc + scale * inter @ B^T`` over the tile's rows of ``slot``, ``inter`` read from the
-    shrink programs' output where ``ready``, else computed here (the same K loop, the same
-    rounding: either way the same bits)."""
-    offs_r = tl.arange(0, R_BLOCK)
-    rank = tl.load(ranks_ptr + slot)
-    keep = (slots == slot)[:, None] & (offs_r[None, :] < rank)
-    part_b = bb_desc.load([slot * N + col0, 0])
-    part_b = tl.where(offs_r[None, :] < rank, part_b, 0.0).to(DTYPE)
-    if ready:
-        ptrs = inter_ptr + rows[:, None] * inter_stride + s * rank + offs_r[None, :]
-        part_i = tl.load(ptrs, mask=keep, other=0.0).to(tl.float32)
-    else:
-        part_i = row_shrink(x_desc, a_desc, row0, slot * a_slot_rows + s * rank, rank, K, BLOCK_M, BLOCK_K,
-                            R_BLOCK).to(DTYPE).to(tl.float32)
-    part_i = tl.where(keep, part_i * scales[:, None], 0.0).to(DTYPE)
-    return tl.dot(part_i, part_b.T, acc)
-
-
-@triton.jit
-def launch_done(state_ptr, epoch):
-    """Counts this program out of the launch; the last one resets the count and moves the
-    launch counter to ``epoch``, so the next launch's programs read ``epoch`` and publish
-    ``epoch + 1``. Each program calls it after its last use of ``epoch``."""
-    if tl.atomic_add(state_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        tl.store(state_ptr + 1, 0)
-        tl.atomic_xchg(state_ptr, epoch, sem="release")
-
-
-# M and the shrink programs' count change with every batch: not specialised, so one compiled
-# variant per module shape serves every batch.
-@triton.jit(do_not_specialize=("M", "shrink_programs", "row_tiles"))
-def _gemm_lora_fused_kernel(x_desc, w_desc, out_desc, a_desc, bb_desc, inter_ptr, state_ptr, bias_ptr, tok_slots_ptr,
-                            tok_scales_ptr, ranks_ptr, M, N, K, off1, off2, inter_stride, a_slot_rows,
-                            shrink_programs, row_tiles, num_slices, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, R_BLOCK: tl.constexpr,
-                            GROUP_M: tl.constexpr, MAX_POLLS: tl.constexpr):
-    """The first ``shrink_programs`` programs compute the shrink, one (slice, row tile) unit at a
-    time, slice-major (the order the output tiles reach them), and publish each unit by setting
-    its flag to this launch's epoch; every other program is one output tile: the K loop over
-    ``x`` and ``W``, then the LoRA MMAs of the tile's slots with the shrink its unit published,
-    or, where the flag does not read the epoch after ``MAX_POLLS`` polls, a shrink of its own.
-    Nothing waits without bound, so no launch order or co-residency is assumed.
-
-    ``state_ptr``: the launch counter, the count of programs done, then the unit flags; the
-    epoch is one past the counter, which the launch's last program advances, so the state lives
-    on the device and a CUDA graph's replays each get their own epoch."""
-    pid = tl.program_id(0)
-    dtype = out_desc.dtype
-    epoch = tl.load(state_ptr, volatile=True) + 1
-    flags_ptr = state_ptr + 2
-    if pid < shrink_programs:
-        for unit in range(pid, row_tiles * num_slices, shrink_programs):
-            s = unit // row_tiles
-            row0 = (unit % row_tiles) * BLOCK_M
-            rows = row0 + tl.arange(0, BLOCK_M)
-            slots = tl.load(tok_slots_ptr + rows, mask=rows < M, other=-1)
-            lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
-            hi = tl.max(slots)
-            if hi >= 0:
-                shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, lo, slots, rows, ranks_ptr, row0, s, K,
-                            a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK)
-            for slot in range(lo + 1, hi + 1):
-                shrink_slot(x_desc, a_desc, inter_ptr, inter_stride, slot, slots, rows, ranks_ptr, row0, s, K,
-                            a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK)
-            tl.debug_barrier()  # every thread's stores before the flag (CUTLASS's semaphore pattern)
-            tl.atomic_xchg(flags_ptr + unit, epoch, sem="release")
-        launch_done(state_ptr, epoch)
-    else:
-        row0, col0 = tile_origin(pid - shrink_programs, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rows = row0 + tl.arange(0, BLOCK_M)
-        valid = rows < M
-        slots = tl.load(tok_slots_ptr + rows, mask=valid, other=-1)
-        scales = tl.load(tok_scales_ptr + rows, mask=valid, other=0.0)
-        s = (col0 >= off1).to(tl.int32) + (col0 >= off2).to(tl.int32)  # the tile's slice
-        lo = tl.min(tl.where(slots >= 0, slots, 1 << 30))
-        hi = tl.max(slots)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            acc = tl.dot(x_desc.load([row0, k * BLOCK_K]), w_desc.load([col0, k * BLOCK_K]).T, acc)
-        flag = epoch - 1
-        if (hi >= 0) & (shrink_programs > 0):
-            unit_flag = flags_ptr + s * row_tiles + row0 // BLOCK_M
-            flag = tl.atomic_add(unit_flag, 0, sem="acquire")
-            polls = 1
-            while (flag != epoch) & (polls < MAX_POLLS):
-                flag = tl.atomic_add(unit_flag, 0, sem="acquire")
-                polls += 1
-            tl.debug_barrier()
-        launch_done(state_ptr, epoch)
-        ready = flag == epoch
-        if hi >= 0:
-            acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, lo, slots, scales,
-                                  rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M, BLOCK_K, R_BLOCK,
-                                  dtype)
-            if hi > lo:
-                acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, hi, slots,
-                                      scales, rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M, BLOCK_K,
-                                      R_BLOCK, dtype)
-                for slot in range(lo + 1, hi):
-                    acc = fused_lora_tile(acc, ready, x_desc, a_desc, inter_ptr, inter_stride, bb_desc, slot, slots,
-                                          scales, rows, ranks_ptr, row0, col0, s, N, K, a_slot_rows, BLOCK_M,
-                                          BLOCK_K, R_BLOCK, dtype)
-        if HAS_BIAS:
-            cols = col0 + tl.arange(0, BLOCK_N)
-            acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        out_desc.store([row0, col0], acc.to(dtype))
-
-
 def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, slice_offsets: list[int],
-                items: WorkItems | None = None, config: GemmConfig | None = None,
-                a_buffer: torch.Tensor | None = None) -> str | None:
-    """Why this GEMM cannot run these operands (and ``items``, ``a_buffer`` where given: the
-    kernel that computes the shrink itself reads the pool's A through a tensor descriptor), or
-    None."""
+                items: WorkItems | None = None, config: GemmConfig | None = None) -> str | None:
+    """Why this GEMM cannot run these operands (and ``items``, where given), or None."""
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "not a CUDA tensor (or Triton's interpreter)"
     if x.is_cuda and x.dtype not in DTYPES:
@@ -278,10 +138,7 @@ def unsupported(x: torch.Tensor, weight: torch.Tensor, b_buffer: torch.Tensor, s
     if any(o % config.block_n for o in inner) or len(inner) > 2:
         return f"slice offsets {list(slice_offsets)} (inner ones multiples of {config.block_n}, at most 3 slices)"
     row_bytes = [t.stride(0) * t.element_size() for t in (x, weight)] + [b_buffer.shape[2] * b_buffer.element_size()]
-    if a_buffer is not None:
-        row_bytes.append(a_buffer.shape[2] * a_buffer.element_size())
-    contiguous = b_buffer.is_contiguous() and (a_buffer is None or a_buffer.is_contiguous())
-    if x.stride(1) != 1 or weight.stride(1) != 1 or any(b % 16 for b in row_bytes) or not contiguous:
+    if x.stride(1) != 1 or weight.stride(1) != 1 or any(b % 16 for b in row_bytes) or not b_buffer.is_contiguous():
         return "rows that are not contiguous and 16-byte aligned"
     return None
 
@@ -337,97 +194,20 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, int
 _LAUNCHER = FastLauncher(_gemm_lora_kernel)
 
 
-# Polls of a unit's flag before a tile computes its own shrink (each an L2 round trip).
-MAX_POLLS = 256
-FLAG_SLOTS = 1 << 16  # (slice, row tile) units of one launch: 2.7M tokens of a 3-slice module
-_STATE: dict[torch.device, torch.Tensor] = {}
-
-
-def launch_state(device: torch.device) -> torch.Tensor:
-    """The device's launch state for the kernel that computes its own shrink: the launch
-    counter, the count of programs done and the unit flags (int64, zeroed on first use, then
-    left as the kernels leave them). First use must not be inside CUDA-graph capture; launches
-    must not run concurrently on several streams of one device (as split-K's counters)."""
-    if device not in _STATE:
-        _STATE[device] = torch.zeros(2 + FLAG_SLOTS, dtype=torch.int64, device=device)
-    return _STATE[device]
-
-
-def shrink_programs(units: int, tiles: int, sms: int) -> int:
-    """How many programs compute the shrink's ``units`` (each about a quarter of an output
-    tile's work at rank 64) beside ``tiles`` output tiles on ``sms`` SMs: the slots the tiles
-    leave free in their last wave where they can take two units each, else one program per
-    unit (their SMs take output tiles once done)."""
-    idle = -tiles % sms
-    return min(units, idle) if 2 * idle >= units else units
-
-
-def launch_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a_buffer: torch.Tensor,
-                 b_buffer: torch.Tensor, token_slots: torch.Tensor, token_scales: torch.Tensor, ranks: torch.Tensor,
-                 slice_offsets: list[int], out: torch.Tensor, config: GemmConfig | None = None,
-                 programs: int | None = None, compile_only: bool = False) -> torch.Tensor:
-    """``out = x @ weight.T (+ bias) + LoRA`` in one launch: the shrink from ``a_buffer``
-    ``[slots, S * max_rank, K]`` computed by the kernel's first programs (``programs`` of them;
-    None: :func:`shrink_programs`' choice), the GEMM and the LoRA MMAs by the others. Returns
-    ``out``. ``compile_only``: compile the kernel these arguments select, launch nothing."""
-    m, k = x.shape
-    n = weight.shape[0]
-    num_slices = len(slice_offsets) - 1
-    config = config or config_for(b_buffer.shape[2])
-    rank_block = max(16, triton.next_power_of_2(b_buffer.shape[2]))
-    offs = [int(o) for o in slice_offsets] + [n] * (4 - len(slice_offsets))
-    row_tiles = triton.cdiv(m, config.block_m)
-    tiles = row_tiles * triton.cdiv(n, config.block_n)
-    units = row_tiles * num_slices
-    if programs is None:
-        programs = shrink_programs(units, tiles, _sm_count(x.device)) if x.is_cuda else min(units, 4)
-    if units > FLAG_SLOTS:
-        raise ValueError(f"{m} tokens in {num_slices} slices make {units} shrink units, more than {FLAG_SLOTS}")
-    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
-    args = (
-        TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
-        TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
-        TensorDescriptor.from_tensor(out, [config.block_m, config.block_n]),
-        TensorDescriptor.from_tensor(a_buffer.view(-1, k), [rank_block, config.block_k]),
-        TensorDescriptor.from_tensor(b_buffer.view(-1, b_buffer.shape[2]), [config.block_n, rank_block]),
-        inter, launch_state(x.device), bias if bias is not None else out, token_slots, token_scales, ranks, m, n, k,
-        offs[1], offs[2], inter.stride(0), a_buffer.shape[1], programs, row_tiles, num_slices,
-    )
-    constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
-                  "BLOCK_K": config.block_k, "R_BLOCK": rank_block, "GROUP_M": config.group_m,
-                  "MAX_POLLS": MAX_POLLS}
-    grid = (programs + tiles,)
-    if compile_only:
-        _gemm_lora_fused_kernel.warmup(*args, grid=grid, **constexprs, num_warps=config.num_warps,
-                                       num_stages=config.num_stages)
-    else:
-        _FUSED_LAUNCHER(grid, args, constexprs, config.num_warps, config.num_stages)
-    return out
-
-
-_FUSED_LAUNCHER = FastLauncher(_gemm_lora_fused_kernel)
-_SMS: dict[torch.device, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
-
-
 def compile_ahead(x: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, slice_offsets: list[int],
                   has_bias: bool) -> bool:
-    """Compile, launching nothing, the kernel :func:`launch_fused` runs for a module of this
-    shape (``x``: any rows of its input's width and dtype; the pools as served): a server whose
+    """Compile, launching nothing, the kernel :func:`launch` runs for a module of this shape
+    (``x``: any rows of its input's width and dtype; the pools as served): a server whose
     prefills replay CUDA graphs would otherwise compile it at its first large eager batch, in
     a user's request. False where the op cannot run these operands (nothing to compile)."""
     n, m = slice_offsets[-1], 16
     weight = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
-    if unsupported(x, weight, b_buffer, slice_offsets, a_buffer=a_buffer) is not None:
+    if unsupported(x, weight, b_buffer, slice_offsets) is not None:
         return False
+    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
     maps = torch.empty(m, dtype=torch.int32, device=x.device), torch.empty(m, dtype=torch.float32, device=x.device)
     ranks = torch.empty(b_buffer.shape[0], dtype=torch.int32, device=x.device)
     bias = torch.empty(n, dtype=x.dtype, device=x.device) if has_bias else None
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    launch_fused(x[:m], weight, bias, a_buffer, b_buffer, *maps, ranks, slice_offsets, out, compile_only=True)
+    launch(x[:m], weight, bias, inter, b_buffer, *maps, ranks, slice_offsets, out, compile_only=True)
     return True

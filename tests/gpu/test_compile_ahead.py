@@ -96,14 +96,14 @@ def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
     w = torch.randn(offsets[-1], k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(offsets[-1], device="cuda", dtype=torch.bfloat16)
     assert gemm_lora.compile_ahead(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), a, b, offsets, True)
-    before = _compiled(gemm_lora._gemm_lora_fused_kernel)
+    before = _compiled(gemm_lora._gemm_lora_kernel)
     assert before >= 1
     for m in (1000, 1536, 4097):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         items = build_work_items([0], [m], [1], [1.0], [0, rank], device="cuda")
         ops.lora_apply_gemm(x, w, bias, a, b, items, offsets)
     torch.cuda.synchronize()
-    assert _compiled(gemm_lora._gemm_lora_fused_kernel) == before
+    assert _compiled(gemm_lora._gemm_lora_kernel) == before
 
 
 def test_eager_in_gemm_compiled_ahead_serves_every_token_count() -> None:

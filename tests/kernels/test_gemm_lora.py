@@ -1,17 +1,15 @@
-"""ATMM with the base GEMM as its own (``ops.lora_apply_gemm``: one GEMM that adds each token's
-LoRA delta in its accumulator, its shrink computed by the kernel's first programs or by ATMM's
-shrink kernel before it) under Triton's interpreter, in fp32, against fp64 ``x W^T + b +
-LoRA``: three slices, several slots in one row tile (the lowest, the highest and one between),
-tokens no item covers, a rank-0 slot, ranks below the pool's, with and without bias; the
-shrink programs' counts, the launch state they leave; and every case it refuses, with the
-reason. Tolerance: relative Frobenius error 1e-5."""
+"""ATMM with the base GEMM as its own (``ops.lora_apply_gemm``: the shrink, then one GEMM that adds
+each token's LoRA delta in its accumulator) under Triton's interpreter, in fp32, against fp64
+``x W^T + b + LoRA``: three slices, several slots in one row tile (the lowest, the highest and
+one between), tokens no item covers, a rank-0 slot, ranks below the pool's, with and without
+bias; and every case it refuses, with the reason. Tolerance: relative Frobenius error 1e-5."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_vlora.atmm import gemm_lora, ops
+from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.work_items import build_work_items
 from tests.kernels.lora_reference import ref_delta, rel_err
 
@@ -38,9 +36,8 @@ def pool(gen: torch.Generator, max_rank: int = MAX_RANK):
 SEGMENTS = ([0, 5, 9, 20, 25], [5, 4, 7, 5, 16], [1, 2, 3, 0, 1], [0.5, -1.0, 2.0, 1.0, 1.5])
 
 
-@pytest.mark.parametrize("shrink_in_kernel", [True, False])
 @pytest.mark.parametrize(("with_bias", "max_rank"), [(False, MAX_RANK), (True, MAX_RANK), (False, 8)])
-def test_gemm_lora_matches_fp64(with_bias: bool, max_rank: int, shrink_in_kernel: bool) -> None:
+def test_gemm_lora_matches_fp64(with_bias: bool, max_rank: int) -> None:
     """Pools of max rank 16, and 8 (its MMA depth padded to 16 by the descriptors' bounds)."""
     gen = torch.Generator().manual_seed(3)
     a, b, w = pool(gen, max_rank)
@@ -49,45 +46,12 @@ def test_gemm_lora_matches_fp64(with_bias: bool, max_rank: int, shrink_in_kernel
     starts, lens, slots, scales = SEGMENTS
     x = torch.randn(45, D_IN, generator=gen)
     items = build_work_items(starts, lens, slots, scales, ranks)
-    out = ops.lora_apply_gemm(x, w, bias, a, b, items, OFFSETS, shrink_in_kernel)
+    out = ops.lora_apply_gemm(x, w, bias, a, b, items, OFFSETS)
     ref = x.double() @ w.double().T + ref_delta(x, a, b, OFFSETS, ranks, starts, lens, slots, scales)
     if bias is not None:
         ref += bias.double()
     assert out.shape == (45, OFFSETS[-1])
     assert rel_err(out, ref) < 1e-5
-
-
-@pytest.mark.parametrize("programs", [0, 1, 2, 6])
-def test_shrink_programs_publish_every_unit_and_leave_the_state_armed(programs: int) -> None:
-    """Two row tiles of 128 (200 tokens, the second tile's rows in no item) and three slices make
-    six (slice, row tile) units: no shrink program (every tile computes its own shrink), one
-    for all, and up to one each give the same output. After each launch the launch counter has
-    moved by one, the count of programs done is back to zero, and every unit's flag holds the
-    launch's epoch where shrink programs ran."""
-    gen = torch.Generator().manual_seed(7)
-    a, b, w = pool(gen)
-    starts, lens, slots, scales = SEGMENTS
-    x = torch.randn(200, D_IN, generator=gen)
-    items = build_work_items(starts, lens, slots, scales, RANKS)
-    token_slots, token_scales = gemm_lora.token_maps(items, 200, x.device)
-    state = gemm_lora.launch_state(x.device)
-    ref = x.double() @ w.double().T + ref_delta(x, a, b, OFFSETS, RANKS, starts, lens, slots, scales)
-    for _ in range(2):
-        counter = int(state[0])
-        out = torch.empty(200, OFFSETS[-1])
-        gemm_lora.launch_fused(x, w, None, a, b, token_slots, token_scales, items.ranks, OFFSETS, out,
-                               programs=programs)
-        assert rel_err(out, ref) < 1e-5
-        assert int(state[0]) == counter + 1 and int(state[1]) == 0
-        if programs:
-            assert state[2:8].tolist() == [counter + 1] * 6
-
-
-def test_shrink_programs_take_the_last_waves_free_slots() -> None:
-    assert gemm_lora.shrink_programs(units=8, tiles=128, sms=132) == 4  # two units each, one wave
-    assert gemm_lora.shrink_programs(units=24, tiles=384, sms=132) == 12
-    assert gemm_lora.shrink_programs(units=64, tiles=2752, sms=132) == 64  # 20 free: one program a unit
-    assert gemm_lora.shrink_programs(units=3, tiles=10, sms=132) == 3
 
 
 def test_gemm_lora_without_items_is_the_base_gemm() -> None:
@@ -111,10 +75,6 @@ def test_gemm_lora_refuses_what_it_cannot_compute() -> None:
     plain = build_work_items([0], [20], [1], [1.0], RANKS)
     with pytest.raises(ValueError, match="slice offsets"):
         ops.lora_apply_gemm(x, w, None, a, b, plain, [0, 128, 512, 768])
-    strided_a = a.transpose(1, 2).contiguous().transpose(1, 2)  # the kernel's shrink reads A by descriptor
-    with pytest.raises(ValueError, match="contiguous"):
-        ops.lora_apply_gemm(x, w, None, strided_a, b, plain, OFFSETS)
-    assert ops.lora_apply_gemm(x, w, None, strided_a, b, plain, OFFSETS, shrink_in_kernel=False).shape == (20, 768)
     a12, b12, _ = pool(gen, max_rank=12)
     with pytest.raises(ValueError, match="max rank 12"):
         ops.lora_apply_gemm(x, w, None, a12, b12, build_work_items([0], [20], [1], [1.0], [0, 12, 8, 12]), OFFSETS)
