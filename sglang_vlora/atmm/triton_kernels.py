@@ -540,15 +540,23 @@ def launch_expand(
     ``partners`` (:mod:`sglang_vlora.atmm.work_items`'s pairs): each item also adds the
     item it absorbs, absorbed items get no tiles of their own; ``layers`` and
     ``num_layers`` then describe the items left (one layer for mixture's pairs).
-    ``compile_only``: compile the kernel these arguments select, launch nothing.
+    ``compile_only``: compile the kernel these arguments select, launch nothing; for an
+    in-GEMM expand both of its PDL variants where batches of this shape may take either
+    (:func:`expand_pdl` decides by the rows, which a compile ahead does not know).
     ``in_gemm``: the shrink ran inside the base GEMM (:class:`InGemmLayout`): ``inter`` is
     the GEMM's extra columns (a row per token), ``output`` a separate tensor that gets
     ``in_gemm.base + LoRA`` for every token the items cover.
     """
     calls = _expand_calls(inter, b_buffer, output, seg_starts, seg_lens, slots, scales, row_starts, layers,
                           num_layers, ranks, permutation, slice_offsets, row_bound, config, partners, in_gemm)
-    for call in calls[:1] if compile_only else calls:
-        _launch(_EXPAND, *call, config, compile_only)
+    if compile_only:
+        grid, args, constexprs = calls[0]
+        pdl_variants = {False, in_gemm is not None and expand_pdl(output.device, 1, len(slice_offsets) - 1)}
+        for use_pdl in sorted(pdl_variants):
+            _launch(_EXPAND, grid, args, {**constexprs, "USE_PDL": use_pdl}, config, True)
+        return
+    for call in calls:
+        _launch(_EXPAND, *call, config, False)
 
 
 def prepare_expand(

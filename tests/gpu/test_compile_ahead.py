@@ -106,18 +106,20 @@ def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
     assert _compiled(gemm_lora._gemm_lora_kernel) == before
 
 
-def test_eager_in_gemm_compiled_ahead_serves_every_token_count() -> None:
+@pytest.mark.parametrize("offsets", [[0, 1024, 1280, 1536], [0, 1152]])
+def test_eager_in_gemm_compiled_ahead_serves_every_token_count(offsets: list[int]) -> None:
     """``ops.compile_in_gemm`` (what the backend runs for a captured module shape with the pool's
     rows appended, over its one-layer buffers and then its paired ones) compiles every in-GEMM
     expand config the table may pick for both buffer sets, so eager in-GEMM batches of any token
-    count up to the limit, unmerged or mixture, compile nothing at launch."""
+    count up to the limit, unmerged or mixture, compile nothing at launch. Three slices (no
+    PDL) and one (PDL up to 48 rows, so batches of 40 and of more rows launch both variants)."""
     from sglang_vlora.atmm import ops
     from sglang_vlora.atmm.launch_compiles import LAUNCH_COMPILES
     from sglang_vlora.atmm.static_items import StaticWorkItems
     from sglang_vlora.modes.delora import mode_work_items
 
-    k, rank, offsets, slots = 1024, 48, [0, 1024, 1280, 1536], 3  # a shape no other test uses
-    extra = slots * 3 * rank
+    k, rank, slots = 1024, 48, 3  # shapes no other test uses
+    extra = slots * (len(offsets) - 1) * rank
     weight = torch.randn(offsets[-1] + extra, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
     b = torch.randn(slots, offsets[-1], rank, device="cuda", dtype=torch.bfloat16) * rank**-0.5
     buffers = {paired: StaticWorkItems.allocate(capacity=8, max_tokens=1024, num_slots=slots, device="cuda",

@@ -264,3 +264,31 @@ def test_only_the_in_gemm_expand_on_hopper_asks_for_pdl(monkeypatch) -> None:
     ((_, _, separate_constexprs),) = triton_kernels._expand_calls(torch.zeros(8, 8), b, out, *args)
     assert in_gemm_constexprs["USE_PDL"] is True and separate_constexprs["USE_PDL"] is False
     assert asked == [(8, 1)]
+
+
+@pytest.mark.parametrize(("rows", "slices"), [(16, 1), (512, 1), (16, 3)])
+def test_compile_ahead_of_an_in_gemm_expand_compiles_each_pdl_variant_batches_may_launch(
+        monkeypatch, rows: int, slices: int) -> None:
+    """A compile ahead does not know the rows eager batches will have, and PDL is decided by
+    them: a one-slice in-GEMM expand compiled at any row bound must compile both its PDL
+    variants (a server compiled the missing one while serving, about 0.5 s a variant), a
+    stacked one only its variant without PDL."""
+    from sglang_vlora.atmm.in_gemm import split_output
+    from sglang_vlora.atmm.static_items import StaticWorkItems
+
+    monkeypatch.setattr(triton_kernels, "expand_pdl",
+                        lambda device, rows, num_slices: rows <= triton_kernels.PDL_MAX_ROWS and num_slices == 1)
+    compiled = []
+    monkeypatch.setattr(triton_kernels, "_launch", lambda launcher, grid, args, constexprs, config, compile_only:
+                        compiled.append((constexprs["USE_PDL"], compile_only)))
+    items = StaticWorkItems.allocate(4, rows, 2, "cpu", covers_tokens=True)
+    width = 32 * slices
+    b = torch.zeros(2, width, 8)
+    y = torch.zeros(rows, width + 2 * 8 * slices)
+    inter, layout = split_output(y, width, 2)
+    out = torch.zeros(rows, width)
+    offsets = [32 * s for s in range(slices + 1)]
+    triton_kernels.launch_expand(inter, b, out, items.seg_starts, items.seg_lens, items.slots, items.scales,
+                                 items.row_starts, items.seg_lens, 1, items.ranks, None, offsets, rows,
+                                 triton_kernels.ExpandConfig(16, 32, 16, 4, 2), compile_only=True, in_gemm=layout)
+    assert compiled == ([(False, True), (True, True)] if slices == 1 else [(False, True)])
