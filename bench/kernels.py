@@ -11,9 +11,8 @@ over the base weight with the cell's adapters' A rows appended as extra output r
 gives the base output and every adapter's shrink, then one expand writing base + LoRA into a
 new output: what graph batches run with ``--vlora-shrink-in-gemm``; here the appended rows
 are the cell's adapters only, where a server appends all ``--max-loras-per-batch`` slots),
-``atmm_gemm`` (``lora_apply_gemm``, prefill cells only: ATMM's own Triton GEMM over the base
-weight adding each token's delta in its accumulator, its tiles computing the shrink among
-themselves; eager items), ``atmm_gemm_separate`` (the same GEMM after ATMM's shrink kernel),
+``atmm_gemm`` (``lora_apply_gemm``, prefill cells only: the shrink, then ATMM's own Triton GEMM
+over the base weight adding each token's delta in its accumulator; eager items),
 ``atmm_cuda`` (the CUDA C++ implementation:
 ``lora_apply(..., impl="cuda")``, eager items, in decode and prefill; its tile configs
 from the table's CUDA results, else the CUDA defaults; skipped with the reason if the
@@ -73,8 +72,8 @@ SHAPES = {
     "q2_qkv": (3584, (3584, 512, 512)),
     "q2_o": (3584, (3584,)),
 }
-METHODS = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_gemm", "atmm_gemm_separate", "atmm_cuda",
-           "sglang_triton", "sglang_csgmv", "bmm"]
+METHODS = ["merged", "atmm", "atmm_overlap", "atmm_in_gemm", "atmm_gemm", "atmm_cuda", "sglang_triton",
+           "sglang_csgmv", "bmm"]
 DECODE = [(n, 1) for n in (1, 8, 32, 128)]  # (requests, tokens per request)
 PREFILL = [(4, 256), (4, 1024), (1, 8192)]
 SCALE = 0.5
@@ -166,8 +165,8 @@ class Cell:
         if method == "atmm_in_gemm":  # the base GEMM is the op's own, into a new output
             self.in_gemm(t)
             return
-        if method in ("atmm_gemm", "atmm_gemm_separate"):  # the base GEMM is the op's own, the delta in
-            self.gemm(t, method == "atmm_gemm")  # its accumulator
+        if method == "atmm_gemm":  # the base GEMM is the op's own, the delta in its accumulator
+            self.gemm(t)
             return
         torch.mm(x, t["w"].t(), out=out)
         if method != "merged":
@@ -185,20 +184,16 @@ class Cell:
             t["x"][: self.tokens], self.w_ext(t), None, self.offsets[-1], t["b"], self.covering, self.offsets
         )
 
-    def gemm(self, t: dict, shared_shrink: bool = True) -> torch.Tensor:
+    def gemm(self, t: dict) -> torch.Tensor:
         if self.mode == "decode":
             raise ValueError("an eager prefill entry point: not run in decode cells")
-        return ops.lora_apply_gemm(t["x"][: self.tokens], t["w"], None, t["a"], t["b"], self.items, self.offsets,
-                                   shared_shrink)
+        return ops.lora_apply_gemm(t["x"][: self.tokens], t["w"], None, t["a"], t["b"], self.items, self.offsets)
 
-    def lora_atmm_gemm(self, t: dict, shared_shrink: bool = True) -> None:
+    def lora_atmm_gemm(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's output minus cuBLAS's base GEMM to ``out`` (so the
         two GEMMs' bf16 roundings of the base count in its error)."""
         x, out = t["x"][: self.tokens], t["out"][: self.tokens]
-        out += self.gemm(t, shared_shrink) - x @ t["w"].t()
-
-    def lora_atmm_gemm_separate(self, t: dict) -> None:
-        self.lora_atmm_gemm(t, shared_shrink=False)
+        out += self.gemm(t) - x @ t["w"].t()
 
     def lora_atmm_in_gemm(self, t: dict) -> None:
         """For :meth:`rel_error`: adds the op's LoRA delta (its output minus its own GEMM's base

@@ -217,7 +217,6 @@ KERNEL_METHODS = {
     "atmm_overlap": "ATMM overlapped",
     "atmm_in_gemm": "ATMM shrink in the GEMM",
     "atmm_gemm": "ATMM LoRA in its own GEMM",
-    "atmm_gemm_separate": "ATMM LoRA in its own GEMM, shrink launched before",
     "atmm_cuda": "ATMM CUDA C++",
     "sglang_triton": "SGLang triton",
     "sglang_csgmv": "SGLang csgmv",

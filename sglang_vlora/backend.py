@@ -57,7 +57,7 @@ from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora import in_gemm_weights
-from sglang_vlora.atmm import gemm_lora, gemm_shared_shrink, ops
+from sglang_vlora.atmm import gemm_lora, ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
 from sglang_vlora.config import NEVER_MERGES, VLoRAConfig
@@ -421,7 +421,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             output = torch.empty((16, offsets[-1]), dtype=dtype, device=self.device)
             ops.compile_eager(x, lora_a, lora_b, items, list(offsets), output, self.impl)
             if self.lora_gemm and gemm_bias is not None and lora_b.shape[2] <= LORA_GEMM_MAX_RANK:
-                gemm_shared_shrink.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
+                gemm_lora.compile_ahead(x, lora_a, lora_b, list(offsets), gemm_bias)
             in_gemm = gemm_bias is not None and self.eager_in_gemm_max_tokens > 0
             if self.kept_plans or in_gemm:
                 # Paired eager buffers exist only where an adapter can be merged.

@@ -192,3 +192,22 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, int
 # Past its first launch of a specialisation, the compiled kernel directly: Triton's binder costs
 # more host time than the rest of the call (bench/layer_cost.py --host-only).
 _LAUNCHER = FastLauncher(_gemm_lora_kernel)
+
+
+def compile_ahead(x: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, slice_offsets: list[int],
+                  has_bias: bool) -> bool:
+    """Compile, launching nothing, the kernel :func:`launch` runs for a module of this shape
+    (``x``: any rows of its input's width and dtype; the pools as served): a server whose
+    prefills replay CUDA graphs would otherwise compile it at its first large eager batch, in
+    a user's request. False where the op cannot run these operands (nothing to compile)."""
+    n, m = slice_offsets[-1], 16
+    weight = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+    if unsupported(x, weight, b_buffer, slice_offsets) is not None:
+        return False
+    inter = torch.empty((m, a_buffer.shape[1]), dtype=x.dtype, device=x.device)
+    maps = torch.empty(m, dtype=torch.int32, device=x.device), torch.empty(m, dtype=torch.float32, device=x.device)
+    ranks = torch.empty(b_buffer.shape[0], dtype=torch.int32, device=x.device)
+    bias = torch.empty(n, dtype=x.dtype, device=x.device) if has_bias else None
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    launch(x[:m], weight, bias, inter, b_buffer, *maps, ranks, slice_offsets, out, compile_only=True)
+    return True

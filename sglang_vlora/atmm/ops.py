@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, gemm_lora, gemm_shared_shrink, in_gemm, static_items
+from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -125,32 +125,25 @@ def lora_apply_gemm(
     b_buffer: torch.Tensor,
     items: WorkItems,
     slice_offsets: list[int],
-    shared_shrink: bool = True,
 ) -> torch.Tensor:
-    """``x @ weight.T (+ bias) + LoRA`` into a new output, the base GEMM ATMM's own, which adds
-    each token's delta in its accumulator: with ``shared_shrink`` one launch whose tiles compute
-    the shrink among themselves (:mod:`sglang_vlora.atmm.gemm_shared_shrink`), else ATMM's
-    shrink (rows at the tokens' positions), then the GEMM (:mod:`sglang_vlora.atmm.gemm_lora`).
-    Eager batches only (the token maps are built from the items' host lists, once per batch);
-    raises ``ValueError`` where :func:`gemm_lora.unsupported` names a reason."""
+    """``x @ weight.T (+ bias) + LoRA`` into a new output, the base GEMM ATMM's own: the shrink
+    (rows at the tokens' positions), then one GEMM that adds each token's delta in its
+    accumulator (:mod:`sglang_vlora.atmm.gemm_lora`). Eager batches only (the token maps are
+    built from the items' host lists, once per batch); raises ``ValueError`` where
+    :func:`gemm_lora.unsupported` names a reason."""
     # One plan key per module call, as lora_apply's: the layers of one module shape share it,
     # and every operand property unsupported() reads is in it, so the plan is checked once.
     key = ("gemm", x.device, x.dtype, x.shape, x.stride(), a_buffer.shape, a_buffer.stride(), b_buffer.shape,
-           b_buffer.stride(), b_buffer.dtype, weight.shape, weight.stride(), bias is None, tuple(slice_offsets),
-           shared_shrink)
-    return _plan(items, key, lambda: _gemm_plan(x, weight, a_buffer, b_buffer, items, slice_offsets,
-                                                shared_shrink))(x, weight, bias, a_buffer, b_buffer)
+           b_buffer.stride(), b_buffer.dtype, weight.shape, weight.stride(), bias is None, tuple(slice_offsets))
+    return _plan(items, key, lambda: _gemm_plan(x, weight, a_buffer, b_buffer, items, slice_offsets))(
+        x, weight, bias, a_buffer, b_buffer)
 
 
-def _gemm_plan(x, weight, a_buffer, b_buffer, items: WorkItems, slice_offsets: list[int],
-               shared_shrink: bool) -> Callable:
+def _gemm_plan(x, weight, a_buffer, b_buffer, items: WorkItems, slice_offsets: list[int]) -> Callable:
     """``plan(x, weight, bias, a_buffer, b_buffer) -> output`` of :func:`lora_apply_gemm` for this
-    shape and batch: the token maps (once per batch), then the one launch, or the shrink's rows
-    at the tokens' positions (its launch prepared) and the GEMM. Raises where the op cannot run
-    these operands."""
+    shape and batch: the token maps (once per batch), the shrink's rows at the tokens' positions
+    (its launch prepared), then the GEMM. Raises where the op cannot run these operands."""
     reason = gemm_lora.unsupported(x, weight, b_buffer, slice_offsets, items)
-    if reason is None and shared_shrink:
-        reason = gemm_shared_shrink.unsupported(a_buffer)
     if reason is not None:
         raise ValueError(f"lora_apply_gemm: {reason}")
     _check_shrink_shapes(x, a_buffer)
@@ -158,13 +151,6 @@ def _gemm_plan(x, weight, a_buffer, b_buffer, items: WorkItems, slice_offsets: l
         return lambda x, weight, bias, a, b: torch.nn.functional.linear(x, weight, bias)
     m = x.shape[0]
     maps = _plan(items, ("gemm_maps", m), lambda: gemm_lora.token_maps(items, m, x.device))
-    if shared_shrink:
-        def run_shared(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor,
-                       b: torch.Tensor) -> torch.Tensor:
-            out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
-            return gemm_shared_shrink.launch(x, weight, bias, a, b, *maps, items.ranks, slice_offsets, out)
-
-        return run_shared
     shrink = _shrink_plan(x, a_buffer, items, len(slice_offsets) - 1, False, "triton", at_positions=True)
 
     def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor,

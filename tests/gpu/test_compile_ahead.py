@@ -85,9 +85,9 @@ def test_prefill_token_counts_compile_nothing_at_launch() -> None:
 
 
 def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
-    """``gemm_shared_shrink.compile_ahead`` (what the backend runs for a captured module shape)
-    compiles the one variant that eager batches of any token count then launch."""
-    from sglang_vlora.atmm import gemm_shared_shrink, ops
+    """``gemm_lora.compile_ahead`` (what the backend runs for a captured module shape) compiles
+    the one variant that eager batches of any token count then launch."""
+    from sglang_vlora.atmm import gemm_lora, ops
     from sglang_vlora.atmm.work_items import build_work_items
 
     k, rank, offsets = 896, 32, [0, 768, 1024, 1280]  # a shape no other test uses
@@ -95,15 +95,15 @@ def test_lora_in_gemm_compiled_ahead_serves_every_token_count() -> None:
     b = torch.randn(2, offsets[-1], rank, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(offsets[-1], k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(offsets[-1], device="cuda", dtype=torch.bfloat16)
-    assert gemm_shared_shrink.compile_ahead(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), a, b, offsets, True)
-    before = _compiled(gemm_shared_shrink._gemm_shared_shrink_kernel)
+    assert gemm_lora.compile_ahead(torch.empty(16, k, device="cuda", dtype=torch.bfloat16), a, b, offsets, True)
+    before = _compiled(gemm_lora._gemm_lora_kernel)
     assert before >= 1
     for m in (1000, 1536, 4097):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         items = build_work_items([0], [m], [1], [1.0], [0, rank], device="cuda")
         ops.lora_apply_gemm(x, w, bias, a, b, items, offsets)
     torch.cuda.synchronize()
-    assert _compiled(gemm_shared_shrink._gemm_shared_shrink_kernel) == before
+    assert _compiled(gemm_lora._gemm_lora_kernel) == before
 
 
 @pytest.mark.parametrize("offsets", [[0, 1024, 1280, 1536], [0, 1152]])
