@@ -65,15 +65,23 @@ LOGGING_FLAGS = frozenset({"--enable-request-time-stats-logging"})
 
 def key_points_by_flags(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` with its points named after the extra server flags it ran with, if any
-    (``sgl-prefill [--disable-radix-cache]``), so that no table or ratio mixes them with
-    the same point run under the call's own flags. Flags that only make the servers log
-    (:data:`LOGGING_FLAGS`) do not rename. Idempotent: a merged file keeps the names."""
+    (``sgl-prefill [--disable-radix-cache]``), and after their requests a repeat where the call
+    shortened them (``sgl-mixed [100 requests a repeat]``), so that no table or ratio mixes them
+    with the same point run under the call's own flags and length. Flags that only make the
+    servers log (:data:`LOGGING_FLAGS`) do not rename. Idempotent: a merged file keeps the names."""
+    if run.get("points_keyed_by_flags"):
+        return run
     flags = (run.get("setup") or {}).get("extra_server_args") or []
     extra = " ".join(f for f in flags if f not in LOGGING_FLAGS)
-    if not extra or run.get("points_keyed_by_flags"):
+    full = plan.points_of(run["call"]["scale"]) if "scale" in run.get("call", {}) else {}
+    tags = {}
+    for pid, p in run["points"].items():
+        shortened = pid in full and p.get("requests") not in (None, full[pid].requests)
+        tags[pid] = [t for t in (extra, f"{p.get('requests')} requests a repeat" if shortened else "") if t]
+    if not any(tags.values()):
         return run
-    key = {pid: f"{pid} [{extra}]" for pid in run["points"]}
-    points = {key[pid]: {**p, "label": f"{p['label']}, {extra}"} for pid, p in run["points"].items()}
+    key = {pid: f"{pid} [{'; '.join(t)}]" if t else pid for pid, t in tags.items()}
+    points = {key[pid]: {**p, "label": ", ".join([p["label"], *tags[pid]])} for pid, p in run["points"].items()}
     measurements = [{**m, "point": key.get(m["point"], m["point"])} for m in run["measurements"]]
     return {**run, "points": points, "measurements": measurements, "points_keyed_by_flags": True}
 

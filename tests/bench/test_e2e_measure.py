@@ -139,6 +139,43 @@ def test_points_run_with_extra_server_flags_are_kept_apart(tmp_path):
     assert sorted(report.aggregate(report.load([merged]))) == sorted(agg)
 
 
+def test_points_a_call_shortened_are_kept_apart_from_the_full_ones(tmp_path):
+    """The block call's 100-request rounds measure another protocol than the 400-request
+    repeats: their own rows and LoRA costs, their label naming the length; with extra server
+    flags both go into the name."""
+    import json
+
+    from bench.e2e import plan, report
+
+    full = plan.points_of("gpu")["sgl-mixed"].requests
+
+    def run(run_id: str, requests: int, extra: list[str], ours_ms: float) -> dict:
+        def m(system: str, ms: float) -> dict:
+            return {"system": system, "point": "sgl-mixed", "repeat": 0, "status": "ok",
+                    "metrics": {"e2e_ms": {"mean": ms, "p99": ms}, "ttft_ms": {"mean": ms}, "errors": 0,
+                                "requests": requests}}
+
+        return {"schema": report.SCHEMAS[0], "run_id": run_id, "call": {"name": "x", "scale": "gpu"},
+                "setup": {"extra_server_args": extra}, "device": "GPU", "platform": "Linux", "cpu_count": 16,
+                "date": "2026-11-27T00:00:00+00:00", "versions": {"sglang": "0.5.23"},
+                "code": {"revision": "a" * 40, "dirty": False},
+                "points": {"sgl-mixed": {"label": "random-ids 1024 in / 64 out, Zipf 2", "requests": requests}},
+                "measurements": [m("nolora", 900.0), m("vlora", ours_ms)]}
+
+    paths = []
+    for name, requests, extra, ours_ms in (("full", full, [], 1000.0), ("blocks", 100, [], 950.0),
+                                           ("blocks_flags", 100, ["--disable-radix-cache"], 990.0)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run(name, requests, extra, ours_ms)))
+    agg = report.aggregate(report.load(paths))
+    assert sorted(agg) == ["sgl-mixed", "sgl-mixed [--disable-radix-cache; 100 requests a repeat]",
+                           "sgl-mixed [100 requests a repeat]"]
+    assert agg["sgl-mixed"]["vlora"]["lora_cost"]["values"] == [100.0]
+    assert agg["sgl-mixed [100 requests a repeat]"]["vlora"]["lora_cost"]["values"] == [50.0]
+    table = report.headline(report.load(paths), "test")
+    assert "| random-ids 1024 in / 64 out, Zipf 2, 100 requests a repeat |" in table
+
+
 def test_unqueued_table_takes_each_repeats_tenth_percentile_of_ttft():
     """The fastest tenth of the requests found no queue: their TTFT is one prefill's latency,
     set against the floor's in the same repeat; a queue behind the rest does not move it."""

@@ -60,6 +60,17 @@ def test_order_rotates_systems_between_repeats():
     assert plan.order(call, ["csgmv"]) == [plan.Measurement("csgmv", "sgl-mixed", r) for r in range(3)]
 
 
+def test_the_block_call_runs_the_headline_workload_in_six_rotating_rounds_of_100_requests():
+    blocks, full = plan.get_call("mixed-skewed-blocks"), plan.get_call("mixed-skewed")
+    assert (blocks.systems, blocks.points) == (full.systems, full.points)
+    point = plan.points_of("gpu")["sgl-mixed"]
+    assert plan.scaled(point, blocks.scale_requests).requests == 100 and blocks.repeats == 6
+    order = plan.order(blocks, list(blocks.systems))
+    assert [m.repeat for m in order] == [r for r in range(6) for _ in range(3)]
+    firsts = [order[3 * r].system for r in range(6)]
+    assert {s: firsts.count(s) for s in blocks.systems} == {"nolora": 2, "vlora": 2, "csgmv": 2}
+
+
 def test_vision_calls_run_triton_vision_attention_and_gpu_feature_transport_unless_the_user_says_otherwise():
     for name in ("vision-skewed", "vision-uniform", "video", "short"):
         call = plan.get_call(name, systems=["vlora"])  # overrides keep the call's flags
