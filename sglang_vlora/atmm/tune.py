@@ -33,7 +33,7 @@ import multiprocessing as mp
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,17 @@ class Budget:
         return self.seconds is not None and time.monotonic() - self.start > fraction * self.seconds
 
 
+def within_budget(shapes: list[Shape], budget_s: float | None, log: Callable[[str], None], impl: str) -> Iterator[Shape]:
+    """``shapes`` in order until ``budget_s`` seconds have passed since the first (``None``: all of
+    them); logs where ``impl``'s timing stopped."""
+    budget = Budget(budget_s)
+    for taken, shape in enumerate(shapes):
+        if budget.spent():
+            log(f"budget: {impl} stopped after {taken} of {len(shapes)} shapes")
+            return
+        yield shape
+
+
 def time_shape(shape: Shape, cfgs: list, reps: int, iters: int, impl: str = "triton") -> list[tuple[float, Any]]:
     """``(microseconds, config)`` of every config of ``cfgs`` on one shape, fastest first."""
     problem = Problem(shape)
@@ -353,13 +364,9 @@ def search_cuda(
     """Time every CUDA candidate of each shape (the extension is compiled already);
     with ``budget_s`` later shapes are left out once it is spent."""
     sm_count, _ = _hw_limits()
-    budget = Budget(budget_s)
     best: dict[Shape, tuple[Any, float]] = {}
     bar = _progress(len(shapes), "cuda")
-    for shape in shapes:
-        if budget.spent():
-            log(f"budget: cuda stopped after {len(best)} of {len(shapes)} shapes")
-            break
+    for shape in within_budget(shapes, budget_s, log, "cuda"):
         if shape[0] == "shrink":
             cands = list(tiling.cuda_shrink_candidates(*shape[1:4], sm_count))
         else:
@@ -383,12 +390,8 @@ def search_cublas(
 ) -> dict[Shape, float]:
     """Time the cuBLAS implementation (no configuration to search) on each shape; with
     ``budget_s`` later shapes are left out once it is spent (they keep Triton's result)."""
-    budget = Budget(budget_s)
     best: dict[Shape, float] = {}
-    for shape in shapes:
-        if budget.spent():
-            log(f"budget: cublas stopped after {len(best)} of {len(shapes)} shapes")
-            break
+    for shape in within_budget(shapes, budget_s, log, "cublas"):
         problem = Problem(shape)
         us = time_candidate(problem, None, reps, iters, "cublas")
         del problem
