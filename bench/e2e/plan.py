@@ -83,6 +83,9 @@ SYSTEMS = {s.name: s for s in (
            "defaults spelled out: stays merged while the merged adapter is the most requested; the others "
            "admitted at once, in mixture)",
            plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "plurality")),
+    System("vlora_keep_popular", "`--plugin vlora --vlora-keep-merged popular` (our defaults, except that a "
+           "merged adapter also stays while it has more than half of the recent arrivals; the others' requests "
+           "run in mixture around it)", plugin=True, extra_flags=("--vlora-keep-merged", "popular")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
 )}

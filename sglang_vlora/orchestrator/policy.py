@@ -40,7 +40,12 @@ Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
   merged while it is still the most-requested adapter and at most half of the max batch
   starve (the other adapters' requests run in mixture around it, admitted as ``admission``
   says). Under Algorithm 1's admission the requests held back while merged count in line 5
-  and can take the top adapter's majority away although it still has the most requests.
+  and can take the top adapter's majority away although it still has the most requests;
+* ``popular``: as ``plurality``, and the merged adapter also stays while it has more than
+  half of the recent arrivals, even when other adapters have more requests in flight (a lone
+  request of another adapter then runs in mixture instead of unmerging the weights for it).
+  At a few requests in flight the top adapter of the moment changes every few iterations;
+  the arrivals say whether the merged one still keeps the traffic.
 
 Entering a merge also needs the adapter to be *popular*: more than half of the latest
 arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
@@ -52,11 +57,12 @@ iterations at derived MaxBS 1 with 76 switches, 18% in mixture, and its mean was
 unmerged's; docs/orchestrator.md).
 Merging pays off for an adapter that keeps most of the traffic (paper §4.3), and that is
 what the arrivals tell. An adapter already merged needs no such check (no switch is made).
-A popular merged adapter does not stay merged for another adapter's lone request: that
-request would run in mixture (its own delta plus the merged one's subtracted), and on the
-vision-skewed benchmark keeping it so doubled the mixture iterations and raised the LoRA cost
-(docs/orchestrator.md); the weights unmerge for it instead. Without a history (an empty
-``recent_arrivals``) the check is skipped: Algorithm 1 as written.
+Under ``keep_merged`` "majority" and "plurality" a popular merged adapter does not stay merged
+for another adapter's lone request: that request would run in mixture (its own delta plus the
+merged one's subtracted), and on the vision-skewed benchmark with prefill CUDA graphs keeping it
+so doubled the mixture iterations and raised the LoRA cost (docs/orchestrator.md); the weights
+unmerge for it instead. "popular" keeps it (the module's knob above). Without a history (an
+empty ``recent_arrivals``) the check is skipped: Algorithm 1 as written.
 
 Two facts of the server as built shape every policy here (named in docs/orchestrator.md):
 
@@ -99,7 +105,7 @@ from sglang_vlora.orchestrator.cost_model import CostModel
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState, WeightState
 
 ADMISSIONS = ("algorithm1", "all")  # see the module docstring
-KEEP_MERGED = ("majority", "plurality")  # see the module docstring
+KEEP_MERGED = ("majority", "plurality", "popular")  # see the module docstring
 
 # Why a decision went the way it did (Decision.reason). Every policy:
 IDLE = "idle"  # no request in flight: the weights stay as the policy keeps them idle
@@ -113,6 +119,7 @@ KEPT_SWITCH_BUDGET = "kept_switch_budget"  # other weights wanted; the switch bu
 KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge found no pool slot
 FREE_SLOT = "free_slot"  # the adapter to merge found no pool slot and nothing runs: unmerge to free one
 KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
+KEPT_POPULAR = "kept_popular"  # the merged adapter is not the top one in flight; keep_merged "popular" keeps it
 NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most half of the recent arrivals
 # The comparison policies (baselines.py):
 SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
@@ -130,6 +137,7 @@ DECISION_REASONS = (
     KEPT_NO_SLOT,
     FREE_SLOT,
     KEPT_PLURALITY,
+    KEPT_POPULAR,
     NOT_POPULAR,
     SERVE_ONE_ADAPTER,
     DRAIN_MERGED,
@@ -428,10 +436,14 @@ class VLoRAPolicy(SchedulingPolicy):
         if line5 and (top == state.merged or popular(state, top)):
             # Lines 6-12: merge top (entering a merge needs top to be popular: module docstring).
             adapter, order, reason = top, self.merged_order(state, starving, top_requests), MERGE
-        elif self.keeps_plurality(state, starving, top):
-            # keep_merged "plurality": line 5 failed, but the merged adapter is still the top
-            # one and at most half of max batch starve; it stays, admitting as a merge does.
-            adapter, order, reason = top, self.merged_order(state, starving, top_requests), KEPT_PLURALITY
+        elif self.keeps_merged(state, starving, top):
+            # keep_merged "plurality" / "popular": line 5 failed, but the merged adapter is still
+            # the top one (or, for "popular", keeps most of the arrivals) and at most half of max
+            # batch starve elsewhere; it stays, admitting as a merge does.
+            adapter = state.merged
+            own = [r for r in state.requests if r.adapter == adapter]
+            order = self.merged_order(state, starving, own)
+            reason = KEPT_PLURALITY if top == adapter else KEPT_POPULAR
         else:
             # Lines 13-15: unmerge; the starving first, then everyone. When line 5's second
             # half holds, its first failed (more than half of max batch starve), or top is
@@ -464,13 +476,18 @@ class VLoRAPolicy(SchedulingPolicy):
             order += queue_order((r for r in state.requests if r.rid not in placed), state)
         return order
 
-    def keeps_plurality(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
-        """Whether keep_merged "plurality" keeps the weights merged although line 5 fails: an
-        adapter is merged, it is still the most requested (``top``), and at most half of max
-        batch starve elsewhere. It never enters a merge."""
-        return (
-            self.config.keep_merged == "plurality"
-            and state.merged is not None
-            and top == state.merged
-            and 2 * len(starving_elsewhere(starving, top)) <= self.config.max_batch
-        )
+    def keeps_merged(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
+        """Whether keep_merged keeps the weights merged although line 5 fails: an adapter is
+        merged, at most half of max batch starve elsewhere, and it is still the most requested
+        in flight (``top``; "plurality" and "popular") or, for "popular" only, it has more than
+        half of the recent arrivals (a history is needed: without one nothing says it keeps the
+        traffic). It never enters a merge."""
+        merged = state.merged
+        if self.config.keep_merged == "majority" or merged is None:
+            return False
+        if 2 * len(starving_elsewhere(starving, merged)) > self.config.max_batch:
+            return False
+        if top == merged:
+            return True
+        share = state.arrival_share(merged)
+        return self.config.keep_merged == "popular" and share is not None and share > 0.5

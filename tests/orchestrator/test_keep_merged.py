@@ -111,7 +111,7 @@ def test_the_knob_changes_nothing_while_line_5_holds():
 
 @pytest.mark.parametrize("name", ["vlora", "merge-only", "unmerge-only", "dlora"])
 def test_bad_keep_merged_is_refused_by_name(name):
-    message = r"keep_merged must be one of \('majority', 'plurality'\), got 'always'"
+    message = r"keep_merged must be one of \('majority', 'plurality', 'popular'\), got 'always'"
     with pytest.raises(ValueError, match=message):
         make_policy(name, PolicyConfig(THETA, 4, keep_merged="always"), cost_model())
 

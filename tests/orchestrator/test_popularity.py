@@ -10,7 +10,14 @@ from dataclasses import replace
 import pytest
 
 from sglang_vlora.orchestrator import Decision, Mode, PolicyConfig, SchedulerState, make_policy
-from sglang_vlora.orchestrator.policy import KEPT_PLURALITY, MERGE, NO_MAJORITY, NOT_POPULAR, popular
+from sglang_vlora.orchestrator.policy import (
+    KEPT_PLURALITY,
+    KEPT_POPULAR,
+    MERGE,
+    NO_MAJORITY,
+    NOT_POPULAR,
+    popular,
+)
 from tests.orchestrator.builders import cost_model, req, running, state
 
 THETA = 0.6
@@ -91,3 +98,50 @@ def test_popularity_does_not_change_a_kept_plurality():
     assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_PLURALITY)
     unmerged = decide(replace(current, merged=None, mode=Mode.UNMERGE), max_batch=8)
     assert (unmerged.adapter, unmerged.reason) == (None, NO_MAJORITY)
+
+
+# keep_merged "popular": the merged adapter stays while the arrivals say it keeps the traffic.
+
+
+def test_popular_keeps_a_popular_merged_adapter_for_another_adapters_lone_request():
+    """Skewed: a merged and popular, b's lone request: b runs in mixture beside a, no switch."""
+    decision = decide(lone("b", SKEWED, merged="a"), keep_merged="popular")
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
+    assert decision.admit == ("r1",)
+
+
+def test_popular_keeps_the_merged_adapter_when_others_outnumber_it_in_flight():
+    """a merged and popular with one request running, b and c two each: plurality lets go, popular keeps."""
+    busy = [running("a1", "a", NOW), running("b1", "b", NOW), running("c1", "c", NOW)]
+    waiting = [req("b2", "b", NOW), req("c2", "c", NOW)]
+    current = replace(state(NOW, waiting, busy, Mode.MIXTURE, "a"), recent_arrivals=SKEWED)
+    assert decide(current, max_batch=8).adapter is None
+    kept = decide(current, max_batch=8, keep_merged="popular")
+    assert (kept.mode, kept.adapter, kept.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
+    assert kept.admit == ("b2", "c2")
+
+
+def test_popular_still_keeps_the_top_adapter_as_plurality_does():
+    busy = [running("a1", "a", NOW), running("a2", "a", NOW), running("b1", "b", NOW)]
+    current = replace(state(NOW, [req("c1", "c", NOW)], busy, Mode.MIXTURE, "a"), recent_arrivals=UNIFORM)
+    decision = decide(current, max_batch=8, keep_merged="popular")
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MIXTURE, "a", KEPT_PLURALITY)
+
+
+@pytest.mark.parametrize("arrivals", [UNIFORM, ()], ids=["not popular", "no history"])
+def test_popular_lets_go_of_a_merged_adapter_the_arrivals_do_not_back(arrivals):
+    """Uniform arrivals, or none recorded yet: nothing says a keeps the traffic; b's lone
+    request is not a's, so the weights go clean (uniform) or follow b (no history: line 5)."""
+    decision = decide(lone("b", arrivals, merged="a"), keep_merged="popular")
+    assert decision.adapter == ("b" if not arrivals else None)
+    assert decision.reason in (MERGE, NOT_POPULAR)
+
+
+def test_popular_lets_go_when_more_than_half_of_max_batch_starve_elsewhere():
+    """b's two requests waited 1 s (credit over theta 0.6): 2 starving of a max batch of 3."""
+    busy = [running("a1", "a", NOW)]
+    waiting = [req("b1", "b", NOW - 1.0), req("b2", "b", NOW - 1.0)]
+    current = replace(state(NOW, waiting, busy, Mode.MIXTURE, "a"), recent_arrivals=SKEWED)
+    decision = decide(current, max_batch=3, keep_merged="popular")
+    assert set(decision.starving) == {"b1", "b2"}
+    assert decision.adapter is None and decision.mode is Mode.UNMERGE

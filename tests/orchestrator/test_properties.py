@@ -238,7 +238,8 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
     """The reason is the condition that decided: which half of line 5 failed, that the top
     adapter is not popular (at most half of the recent arrivals, entering a merge), that
     keep_merged "plurality" kept the merged adapter (still the most requested, at most half
-    of max batch starving), or that the slots or the switch budget kept the current weights
+    of max batch starving), that "popular" kept it (more than half of the recorded arrivals,
+    at most half of max batch starving elsewhere), or that the slots or the switch budget kept the current weights
     (then they are kept)."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
@@ -257,10 +258,19 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
     line_5 = twice_top > max_batch and twice_starving <= max_batch
     merged_is_top = state.merged is not None and 0 < counts[state.merged] == max(counts.values())
     enters = line_5 and (top == state.merged or popular(top))
-    keeps = config.keep_merged == "plurality" and merged_is_top and twice_starving <= max_batch
+    keeps = config.keep_merged != "majority" and merged_is_top and twice_starving <= max_batch
+    merged_backed = (  # "popular": the merged adapter has more than half of the recorded arrivals
+        state.merged is not None and bool(arrivals) and 2 * sum(a == state.merged for a in arrivals) > len(arrivals)
+    )
+    twice_starving_around_merged = 2 * sum(by_id[rid].adapter != state.merged for rid in decision.starving)
+    keeps_popular = (
+        config.keep_merged == "popular" and not merged_is_top and merged_backed
+        and twice_starving_around_merged <= max_batch
+    )
     event(f"{config.keep_merged}: reason {decision.reason}")
     assert (decision.reason == reasons.KEPT_PLURALITY) == (keeps and not enters)
-    if decision.reason == reasons.KEPT_PLURALITY:
+    assert (decision.reason == reasons.KEPT_POPULAR) == (keeps_popular and not enters)
+    if decision.reason in (reasons.KEPT_PLURALITY, reasons.KEPT_POPULAR):
         assert decision.adapter == state.merged
         return
     if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
