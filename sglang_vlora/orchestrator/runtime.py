@@ -56,8 +56,10 @@ logger = logging.getLogger(__name__)
 
 BASE_LABEL = "base"  # queue label of requests without an adapter
 # Arrivals whose adapters tell the policy which adapter is popular (SchedulerState.recent_arrivals):
-# at a top share of 0.7 (Zipf 2 over 4 adapters) a share above one half holds with about 99%
-# probability over 32 arrivals, at 0.25 (uniform) with less than 0.1%.
+# at 0.25 (uniform) a share above one half holds with about 0.2% probability over 32 arrivals.
+# SGLang's Zipf 2 over 4 adapters gives the top one 8/15 = 0.53 of the requests (weights
+# alpha^-i), and over 32 arrivals its share is above one half only about 58% of the time
+# (docs/orchestrator.md, "The popularity gate at Zipf 2").
 POPULARITY_WINDOW = 32
 FIRST_REQUEST_SHOWN = 16  # unrecorded iterations of the first request listed in the status
 
