@@ -80,6 +80,9 @@ class VLoRAConfig:
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
     # the max batch starve; "popular" also while it has more than half of the recent arrivals.
     keep_merged: str = "plurality"
+    # Share of the last POPULARITY_WINDOW arrivals above which an adapter is popular: entering a
+    # merge needs it, and keep_merged "popular" keeps a merged adapter while it lasts.
+    popular_share: float = 0.5
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -115,6 +118,8 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-admission must be one of {ADMISSIONS}, got {self.admission!r}")
         if self.keep_merged not in KEEP_MERGED:
             raise ValueError(f"--vlora-keep-merged must be one of {KEEP_MERGED}, got {self.keep_merged!r}")
+        if not 0 <= self.popular_share < 1:
+            raise ValueError(f"--vlora-popular-share must be in [0, 1), got {self.popular_share}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
@@ -157,6 +162,7 @@ class VLoRAConfig:
             max_batch=args.vlora_max_batch,
             admission=args.vlora_admission,
             keep_merged=args.vlora_keep_merged,
+            popular_share=args.vlora_popular_share,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
             shrink_in_gemm=args.vlora_shrink_in_gemm,
@@ -235,6 +241,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "half starve); plurality (default) keeps it merged while it is the most-requested adapter and at "
         "most half of the max batch starve; popular also keeps it while it has more than half of the recent "
         "arrivals, even when another adapter has more requests in flight (they run in mixture).",
+    )
+    group.add_argument(
+        "--vlora-popular-share",
+        type=float,
+        default=defaults.popular_share,
+        metavar="SHARE",
+        help="An adapter is popular when it has more than this share of the last 32 arrivals "
+        "(default 0.5): entering a merge needs it (policy vlora), and --vlora-keep-merged popular keeps a "
+        "merged adapter while it lasts.",
     )
     group.add_argument(
         "--vlora-cost-model",

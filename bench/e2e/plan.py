@@ -86,6 +86,10 @@ SYSTEMS = {s.name: s for s in (
     System("vlora_keep_popular", "`--plugin vlora --vlora-keep-merged popular` (our defaults, except that a "
            "merged adapter also stays while it has more than half of the recent arrivals; the others' requests "
            "run in mixture around it)", plugin=True, extra_flags=("--vlora-keep-merged", "popular")),
+    System("vlora_popular_40", "`--plugin vlora --vlora-keep-merged popular --vlora-popular-share 0.4` (a "
+           "merged adapter kept while it has more than 0.4 of the last 32 arrivals, and entering a merge "
+           "needs only that share)", plugin=True,
+           extra_flags=("--vlora-keep-merged", "popular", "--vlora-popular-share", "0.4")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
 )}

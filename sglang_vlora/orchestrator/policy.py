@@ -156,6 +156,7 @@ class PolicyConfig:
     switch_budget: float = 0.1  # largest fraction of the time V-LoRA may spend switching weights
     admission: str = "algorithm1"  # merged weights admit the starving (Algorithm 1), or "all" waiting requests
     keep_merged: str = "majority"  # merged weights stay while line 5 holds, or while they are the top adapter
+    popular_share: float = 0.5  # an adapter is popular above this share of the recent arrivals
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.theta) or self.theta < 0:
@@ -170,6 +171,8 @@ class PolicyConfig:
             raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
         if self.keep_merged not in KEEP_MERGED:
             raise ValueError(f"keep_merged must be one of {KEEP_MERGED}, got {self.keep_merged!r}")
+        if not 0 <= self.popular_share < 1:
+            raise ValueError(f"popular_share must be in [0, 1), got {self.popular_share}")
 
     def threshold(self, request: Request) -> float:
         """Credit above which ``request`` starves: theta, or its SLO when tighter."""
@@ -336,10 +339,11 @@ def majority_reason(state: SchedulerState, config: PolicyConfig, top_requests: S
     return BELOW_MAX_BATCH
 
 
-def popular(state: SchedulerState, adapter: str) -> bool:
-    """Whether ``adapter`` has more than half of the recent arrivals (True without a history)."""
+def popular(state: SchedulerState, adapter: str, popular_share: float = 0.5) -> bool:
+    """Whether ``adapter`` has more than ``popular_share`` of the recent arrivals (True without
+    a history)."""
     share = state.arrival_share(adapter)
-    return share is None or share > 0.5
+    return share is None or share > popular_share
 
 
 def runs_without_mixture(requests: Iterable[Request], adapter: str | None) -> bool:
@@ -433,7 +437,7 @@ class VLoRAPolicy(SchedulingPolicy):
     def plan(self, state: SchedulerState, credits: Mapping[str, float], starving: Sequence[Request]) -> Plan:
         top, top_requests = most_requested(state)
         line5 = top is not None and merge_condition(self.config, starving_elsewhere(starving, top), top_requests)
-        if line5 and (top == state.merged or popular(state, top)):
+        if line5 and (top == state.merged or popular(state, top, self.config.popular_share)):
             # Lines 6-12: merge top (entering a merge needs top to be popular: module docstring).
             adapter, order, reason = top, self.merged_order(state, starving, top_requests), MERGE
         elif self.keeps_merged(state, starving, top):
@@ -490,4 +494,4 @@ class VLoRAPolicy(SchedulingPolicy):
         if top == merged:
             return True
         share = state.arrival_share(merged)
-        return self.config.keep_merged == "popular" and share is not None and share > 0.5
+        return self.config.keep_merged == "popular" and share is not None and share > self.config.popular_share

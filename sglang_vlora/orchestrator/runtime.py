@@ -103,6 +103,7 @@ class Orchestrator:
         self.policy_name = cfg.policy
         self.admission = cfg.admission
         self.keep_merged = cfg.keep_merged
+        self.popular_share = cfg.popular_share
         self.adapter_slots = scheduler.server_args.max_loras_per_batch
         self.limits = DerivedLimits(cfg.max_batch, cfg.theta, *_capacity(scheduler))
         layers = len(self.lora_manager.lora_modules)
@@ -230,7 +231,7 @@ class Orchestrator:
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
             theta=self.limits.theta()[0], max_batch=self.limits.max_batch()[0], adapter_slots=self.adapter_slots,
-            admission=self.admission, keep_merged=self.keep_merged,
+            admission=self.admission, keep_merged=self.keep_merged, popular_share=self.popular_share,
         )
 
     def _decide(self, now: float, waiting: list, running: list) -> Decision:

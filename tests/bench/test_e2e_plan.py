@@ -35,6 +35,7 @@ def test_every_call_names_known_systems_and_points():
     # with the LoRA in its GEMM, with every eager shrink as its own kernel or with the shrink inside
     # the base GEMM up to 1536 or 2048 tokens
     assert covered == set(plan.SYSTEMS) - {"vlora_plurality", "vlora_admit_all", "vlora_keep_popular",
+                                           "vlora_popular_40",
                                            "unmerge_only_lora_gemm",
                                            "unmerge_only_separate_shrink", "unmerge_only_in_gemm_1536",
                                            "unmerge_only_in_gemm_2048"}

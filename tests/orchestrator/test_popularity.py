@@ -145,3 +145,22 @@ def test_popular_lets_go_when_more_than_half_of_max_batch_starve_elsewhere():
     decision = decide(current, max_batch=3, keep_merged="popular")
     assert set(decision.starving) == {"b1", "b2"}
     assert decision.adapter is None and decision.mode is Mode.UNMERGE
+
+
+def test_a_lower_popular_share_lets_a_zipf_2_top_adapter_in():
+    """SGLang's Zipf 2 over 4 adapters: the top one has about 8/15 of the arrivals; a window
+    where it has 15 of 32 fails the default gate (more than half) and passes one of 0.4."""
+    arrivals = ("a",) * 15 + ("b",) * 9 + ("c",) * 5 + ("d",) * 3
+    current = lone("a", arrivals)
+    assert decide(current).reason == NOT_POPULAR
+    config = PolicyConfig(THETA, 1, admission="all", keep_merged="popular", popular_share=0.4)
+    decision = make_policy("vlora", config, cost_model()).decide(current)
+    assert (decision.mode, decision.adapter, decision.reason) == (Mode.MERGE, "a", MERGE)
+    kept = make_policy("vlora", config, cost_model()).decide(lone("b", arrivals, merged="a"))
+    assert (kept.mode, kept.adapter, kept.reason) == (Mode.MIXTURE, "a", KEPT_POPULAR)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.0, 1.5])
+def test_popular_share_outside_0_to_1_is_refused(share):
+    with pytest.raises(ValueError, match="popular_share must be in"):
+        PolicyConfig(THETA, 1, popular_share=share)
