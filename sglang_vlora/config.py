@@ -78,7 +78,7 @@ class VLoRAConfig:
     admission: str = "all"
     # Once an adapter is merged: "majority" unmerges when Algorithm 1's line 5 fails, as the paper
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
-    # the max batch starve; "popular" also while it has more than half of the recent arrivals.
+    # the max batch starve; "popular" also while it has more than popular_share of the recent arrivals.
     keep_merged: str = "plurality"
     # Share of the last POPULARITY_WINDOW arrivals above which an adapter is popular: entering a
     # merge needs it, and keep_merged "popular" keeps a merged adapter while it lasts.
@@ -239,8 +239,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Once an adapter is merged (policy vlora): majority unmerges as soon as line 5 of "
         "the paper's Algorithm 1 fails (it no longer holds more than half of the max batch, or more than "
         "half starve); plurality (default) keeps it merged while it is the most-requested adapter and at "
-        "most half of the max batch starve; popular also keeps it while it has more than half of the recent "
-        "arrivals, even when another adapter has more requests in flight (they run in mixture).",
+        "most half of the max batch starve; popular also keeps it while it has more than "
+        "--vlora-popular-share of the recent arrivals, even when another adapter has more requests in flight (they run in mixture).",
     )
     group.add_argument(
         "--vlora-popular-share",

@@ -41,14 +41,14 @@ Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
   starve (the other adapters' requests run in mixture around it, admitted as ``admission``
   says). Under Algorithm 1's admission the requests held back while merged count in line 5
   and can take the top adapter's majority away although it still has the most requests;
-* ``popular``: as ``plurality``, and the merged adapter also stays while it has more than
-  half of the recent arrivals, even when other adapters have more requests in flight (a lone
+* ``popular``: as ``plurality``, and the merged adapter also stays while it is *popular*
+  (below: more than ``popular_share`` of the recent arrivals), even when other adapters have more requests in flight (a lone
   request of another adapter then runs in mixture instead of unmerging the weights for it).
   At a few requests in flight the top adapter of the moment changes every few iterations;
   the arrivals say whether the merged one still keeps the traffic.
 
-Entering a merge also needs the adapter to be *popular*: more than half of the latest
-arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
+Entering a merge also needs the adapter to be *popular*: more than ``popular_share``
+(``--vlora-popular-share``, default one half) of the latest arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
 ``POPULARITY_WINDOW`` of :mod:`sglang_vlora.orchestrator.runtime`). Line 5 counts the
 requests in flight, and at light load they are one or two: "more than half of MaxBS on one
 adapter" then holds for every lone request, whatever the popularity, and with uniform
@@ -120,7 +120,7 @@ KEPT_NO_SLOT = "kept_no_slot"  # other weights wanted; the adapter to merge foun
 FREE_SLOT = "free_slot"  # the adapter to merge found no pool slot and nothing runs: unmerge to free one
 KEPT_PLURALITY = "kept_plurality"  # line 5 fails, but keep_merged "plurality" keeps the top adapter merged
 KEPT_POPULAR = "kept_popular"  # the merged adapter is not the top one in flight; keep_merged "popular" keeps it
-NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most half of the recent arrivals
+NOT_POPULAR = "not_popular"  # line 5 holds, but the adapter has at most popular_share of the recent arrivals
 # The comparison policies (baselines.py):
 SERVE_ONE_ADAPTER = "serve_one_adapter"  # merge-only: one adapter's requests on its own weights
 DRAIN_MERGED = "drain_merged"  # another adapter wanted: the current weights finish their running requests
@@ -483,9 +483,9 @@ class VLoRAPolicy(SchedulingPolicy):
     def keeps_merged(self, state: SchedulerState, starving: Sequence[Request], top: str | None) -> bool:
         """Whether keep_merged keeps the weights merged although line 5 fails: an adapter is
         merged, at most half of max batch starve elsewhere, and it is still the most requested
-        in flight (``top``; "plurality" and "popular") or, for "popular" only, it has more than
-        half of the recent arrivals (a history is needed: without one nothing says it keeps the
-        traffic). It never enters a merge."""
+        in flight (``top``; "plurality" and "popular") or, for "popular" only, it is popular
+        (a history is needed: without one nothing says it keeps the traffic). It never enters a
+        merge."""
         merged = state.merged
         if self.config.keep_merged == "majority" or merged is None:
             return False
@@ -493,5 +493,8 @@ class VLoRAPolicy(SchedulingPolicy):
             return False
         if top == merged:
             return True
-        share = state.arrival_share(merged)
-        return self.config.keep_merged == "popular" and share is not None and share > self.config.popular_share
+        return (
+            self.config.keep_merged == "popular"
+            and state.arrival_share(merged) is not None
+            and popular(state, merged, self.config.popular_share)
+        )
