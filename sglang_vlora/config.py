@@ -25,6 +25,7 @@ LORA_GEMM = ("off", "on")
 # Largest --vlora-eager-in-gemm-max-tokens: the eager in-GEMM items keep a device entry per token
 # up to the limit, allocated at the first such batch; far past any prefill chunk SGLang runs.
 EAGER_IN_GEMM_TOKENS_CAP = 65536
+POPULAR_WINDOW_CAP = 4096  # arrivals; a longer window would not follow a shift of popularity within minutes
 # Prepared ATMM launches go straight to the CUDA driver (atmm.driver_launch) unless this is
 # "0": Triton's launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
 DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
@@ -80,9 +81,13 @@ class VLoRAConfig:
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
     # the max batch starve; "popular" also while it has more than popular_share of the recent arrivals.
     keep_merged: str = "plurality"
-    # Share of the last POPULARITY_WINDOW arrivals above which an adapter is popular: entering a
+    # Share of the last popular_window arrivals above which an adapter is popular: entering a
     # merge needs it, and keep_merged "popular" keeps a merged adapter while it lasts.
     popular_share: float = 0.5
+    # Arrivals (base-model requests included) that tell which adapter is popular. A longer window
+    # separates a skewed top adapter from a uniform one better but follows a shift more slowly
+    # (docs/orchestrator.md, "The popularity gate at Zipf 2").
+    popular_window: int = 32
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -120,6 +125,9 @@ class VLoRAConfig:
             raise ValueError(f"--vlora-keep-merged must be one of {KEEP_MERGED}, got {self.keep_merged!r}")
         if not 0 <= self.popular_share < 1:
             raise ValueError(f"--vlora-popular-share must be in [0, 1), got {self.popular_share}")
+        if not 1 <= self.popular_window <= POPULAR_WINDOW_CAP:
+            raise ValueError(f"--vlora-popular-window must be between 1 and {POPULAR_WINDOW_CAP}, "
+                             f"got {self.popular_window}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"--vlora-max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
@@ -163,6 +171,7 @@ class VLoRAConfig:
             admission=args.vlora_admission,
             keep_merged=args.vlora_keep_merged,
             popular_share=args.vlora_popular_share,
+            popular_window=args.vlora_popular_window,
             cost_model=os.path.abspath(args.vlora_cost_model) if args.vlora_cost_model else None,
             max_image_pixels=args.vlora_max_image_pixels,
             shrink_in_gemm=args.vlora_shrink_in_gemm,
@@ -247,9 +256,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.popular_share,
         metavar="SHARE",
-        help="An adapter is popular when it has more than this share of the last 32 arrivals "
-        "(default 0.5): entering a merge needs it (policy vlora), and --vlora-keep-merged popular keeps a "
+        help="An adapter is popular when it has more than this share of the last --vlora-popular-window "
+        "arrivals (default 0.5): entering a merge needs it (policy vlora), and --vlora-keep-merged popular keeps a "
         "merged adapter while it lasts.",
+    )
+    group.add_argument(
+        "--vlora-popular-window",
+        type=int,
+        default=defaults.popular_window,
+        metavar="N",
+        help=f"Arrivals that tell which adapter is popular (default {defaults.popular_window}, at most "
+        f"{POPULAR_WINDOW_CAP}; base-model requests count): the window of --vlora-popular-share.",
     )
     group.add_argument(
         "--vlora-cost-model",

@@ -49,7 +49,7 @@ Whether merged weights stay merged once line 5 fails is the ``keep_merged`` knob
 
 Entering a merge also needs the adapter to be *popular*: more than ``popular_share``
 (``--vlora-popular-share``, default one half) of the latest arrivals (:attr:`SchedulerState.recent_arrivals`; the server keeps the last
-``POPULARITY_WINDOW`` of :mod:`sglang_vlora.orchestrator.runtime`). Line 5 counts the
+``--vlora-popular-window``, default 32). Line 5 counts the
 requests in flight, and at light load they are one or two: "more than half of MaxBS on one
 adapter" then holds for every lone request, whatever the popularity, and with uniform
 popularity the weights followed each request's adapter (an H200 run merged 71% of its

@@ -55,12 +55,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BASE_LABEL = "base"  # queue label of requests without an adapter
-# Arrivals whose adapters tell the policy which adapter is popular (SchedulerState.recent_arrivals):
-# at 0.25 (uniform) a share above one half holds with about 0.2% probability over 32 arrivals.
-# SGLang's Zipf 2 over 4 adapters gives the top one 8/15 = 0.53 of the requests (weights
-# alpha^-i), and over 32 arrivals its share is above one half only about 58% of the time
-# (docs/orchestrator.md, "The popularity gate at Zipf 2").
-POPULARITY_WINDOW = 32
 FIRST_REQUEST_SHOWN = 16  # unrecorded iterations of the first request listed in the status
 
 
@@ -104,6 +98,9 @@ class Orchestrator:
         self.admission = cfg.admission
         self.keep_merged = cfg.keep_merged
         self.popular_share = cfg.popular_share
+        # The adapters of the last popular_window arrivals tell the policy which adapter is
+        # popular (SchedulerState.recent_arrivals; docs/orchestrator.md, "The popularity gate").
+        self.popular_window = cfg.popular_window
         self.adapter_slots = scheduler.server_args.max_loras_per_batch
         self.limits = DerivedLimits(cfg.max_batch, cfg.theta, *_capacity(scheduler))
         layers = len(self.lora_manager.lora_modules)
@@ -122,7 +119,7 @@ class Orchestrator:
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
         self._arrival: dict[str, float] = {}
-        self._recent_arrivals: deque[str | None] = deque(maxlen=POPULARITY_WINDOW)  # adapters, oldest first
+        self._recent_arrivals: deque[str | None] = deque(maxlen=cfg.popular_window)  # adapters, oldest first
         self._admitted: set[str] = set()  # requests in flight the policy has admitted (their wait is recorded)
         self.admission_waits = AdmissionWaits()
         self._first_run: dict[str, float] = {}
@@ -397,12 +394,12 @@ class Orchestrator:
         return ref.lora_name if ref is not None else uid
 
     def _arrival_shares(self) -> dict[str, Any]:
-        """Each adapter's share of the last ``POPULARITY_WINDOW`` arrivals (entering a merge
-        needs more than half)."""
+        """Each adapter's share of the last ``popular_window`` arrivals (entering a merge
+        needs more than ``popular_share``)."""
         counts = Counter(self._name(uid) for uid in self._recent_arrivals)
         total = len(self._recent_arrivals)
         return {
-            "window": POPULARITY_WINDOW,
+            "window": self.popular_window,
             "arrivals": total,
             "shares": {name: count / total for name, count in sorted(counts.items())},
         }

@@ -9,6 +9,7 @@ import math
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.orchestrator import (
     DECISION_REASONS,
     CostModel,
@@ -23,7 +24,6 @@ from sglang_vlora.orchestrator import (
 from sglang_vlora.orchestrator import policy as reasons
 from sglang_vlora.orchestrator.cost_model import SCHEMA
 from sglang_vlora.orchestrator.policy import ADMISSIONS, KEEP_MERGED
-from sglang_vlora.orchestrator.runtime import POPULARITY_WINDOW
 from tests.orchestrator.builders import RANKS, cost_model, req, running
 from tests.orchestrator.builders import state as hand_built
 
@@ -392,7 +392,7 @@ def test_no_request_waits_beyond_theta(name, workload, cost):
             merged,
             RANKS,
             last_switch=last_switch,
-            recent_arrivals=tuple(recent[-POPULARITY_WINDOW:]),
+            recent_arrivals=tuple(recent[-VLoRAConfig().popular_window:]),
         )
         decision = policy.decide(state)
         overdue = {r.rid for r in live.values() if now - r.arrival > config.theta}

@@ -16,6 +16,7 @@ from tests.server.reference import HFReference, assert_matches_reference, chat_t
 
 MAX_BATCH = 16
 ALL = ["a8", "b16", "c32", "d8"]
+POPULAR_WINDOW = 40
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +32,10 @@ def orchestrated(tiny_assets, tmp_path_factory):
         # Small prefill chunks: long prompts are chunked, and the chunked request is part of
         # the policy's running set. Algorithm 1's own admission and line 5 (the defaults admit
         # the others at once and keep a merged top adapter: tests/orchestrator/test_keep_merged.py).
+        # A popularity window other than the default's 32, to see the flag reach the server.
         ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
          "--vlora-admission", "algorithm1", "--vlora-keep-merged", "majority",
-         "--enable-metrics", "--chunked-prefill-size", "64"],
+         "--enable-metrics", "--chunked-prefill-size", "64", "--vlora-popular-window", str(POPULAR_WINDOW)],
     )
     yield srv
     stop(srv)
@@ -151,9 +153,9 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
-    # popularity: the adapters of the last 32 requests to arrive (base-model ones as "base")
+    # popularity: the adapters of the last POPULAR_WINDOW requests to arrive (base-model ones as "base")
     arrivals = report["arrival_shares"]
-    assert arrivals["window"] == 32 and 0 < arrivals["arrivals"] <= 32
+    assert arrivals["window"] == POPULAR_WINDOW and 0 < arrivals["arrivals"] <= POPULAR_WINDOW
     assert set(arrivals["shares"]) <= {*ALL, "base"}
     assert sum(arrivals["shares"].values()) == pytest.approx(1.0)
 

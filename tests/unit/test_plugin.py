@@ -74,7 +74,8 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
         "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
-        "keep_merged": "plurality", "popular_share": 0.5, "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
+        "keep_merged": "plurality", "popular_share": 0.5, "popular_window": 32,
+        "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
         "shrink_in_gemm": "auto", "eager_in_gemm_max_tokens": 1536, "lora_gemm": "off",
         "lora_gemm_min_tokens": 1024,
     }
@@ -159,6 +160,8 @@ def test_unknown_choice_is_refused_by_name(capsys, flag, value):
         ({"keep_merged": "always"}, "--vlora-keep-merged must be one of"),
         ({"popular_share": 1.0}, "--vlora-popular-share must be in"),
         ({"popular_share": -0.1}, "--vlora-popular-share must be in"),
+        ({"popular_window": 0}, "--vlora-popular-window must be between 1 and 4096"),
+        ({"popular_window": 4097}, "--vlora-popular-window must be between 1 and 4096"),
         ({"cost_model": "no/such/costs.json"}, "no such file"),
         ({"max_image_pixels": 0}, "--vlora-max-image-pixels must be"),
         ({"shrink_in_gemm": "yes"}, "--vlora-shrink-in-gemm must be one of"),
