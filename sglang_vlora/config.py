@@ -75,25 +75,19 @@ class VLoRAConfig:
     max_batch: int | None = None
     # While an adapter is merged: "algorithm1" holds the other adapters' requests back until they
     # starve, as the paper does; "all" admits them too (they run in mixture). The default with
-    # keep_merged "plurality" or "popular": at least as fast as the paper's rules on the H200
-    # (docs/orchestrator.md).
+    # keep_merged "plurality": at least as fast as the paper's rules on the H200 (docs/orchestrator.md).
     admission: str = "all"
     # Once an adapter is merged: "majority" unmerges when Algorithm 1's line 5 fails, as the paper
     # does; "plurality" keeps it merged while it is the most-requested adapter and at most half of
-    # the max batch starve; "popular" (default) also while it has more than popular_share of the
-    # recent arrivals: with plurality alone, SGLang's Zipf 2 workload ran 40-80% of its iterations
-    # unmerged on the H200 (docs/orchestrator.md, "The popularity gate at Zipf 2").
-    keep_merged: str = "popular"
+    # the max batch starve; "popular" also while it has more than popular_share of the recent arrivals.
+    keep_merged: str = "plurality"
     # Share of the last popular_window arrivals above which an adapter is popular: entering a
-    # merge needs it, and keep_merged "popular" keeps a merged adapter while it lasts. 0.4 of 64
-    # arrivals passes the top adapter of Zipf 2 over 4 adapters (8/15 of the requests) 98.5% of
-    # the time and one of 4 uniform adapters at most 1.7% (binomial); more than half of 32
-    # arrivals (the defaults until 0.4 / 64 were measured) passed the first only 58% of the time.
-    popular_share: float = 0.4
+    # merge needs it, and keep_merged "popular" keeps a merged adapter while it lasts.
+    popular_share: float = 0.5
     # Arrivals (base-model requests included) that tell which adapter is popular. A longer window
-    # separates a skewed top adapter from a uniform one better but follows a shift more slowly:
-    # 64 arrivals are 8 s at 8 requests/s.
-    popular_window: int = 64
+    # separates a skewed top adapter from a uniform one better but follows a shift more slowly
+    # (docs/orchestrator.md, "The popularity gate at Zipf 2").
+    popular_window: int = 32
     # Cost model JSON (schema sglang-vlora/cost-model/v1); None: measured while serving.
     cost_model: str | None = None
     # Largest image a request may send, in pixels (width x height), checked from the image's
@@ -253,8 +247,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.keep_merged,
         help="Once an adapter is merged (policy vlora): majority unmerges as soon as line 5 of "
         "the paper's Algorithm 1 fails (it no longer holds more than half of the max batch, or more than "
-        "half starve); plurality keeps it merged while it is the most-requested adapter and at "
-        "most half of the max batch starve; popular (default) also keeps it while it has more than "
+        "half starve); plurality (default) keeps it merged while it is the most-requested adapter and at "
+        "most half of the max batch starve; popular also keeps it while it has more than "
         "--vlora-popular-share of the recent arrivals, even when another adapter has more requests in flight (they run in mixture).",
     )
     group.add_argument(
@@ -263,7 +257,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.popular_share,
         metavar="SHARE",
         help="An adapter is popular when it has more than this share of the last --vlora-popular-window "
-        "arrivals (default 0.4): entering a merge needs it (policy vlora), and --vlora-keep-merged popular keeps a "
+        "arrivals (default 0.5): entering a merge needs it (policy vlora), and --vlora-keep-merged popular keeps a "
         "merged adapter while it lasts.",
     )
     group.add_argument(

@@ -48,9 +48,7 @@ class System:
 SYSTEMS = {s.name: s for s in (
     System("nolora", "no LoRA at all: plain SGLang, no adapters loaded (the floor)", lora=False),
     System("vlora", "V-LoRA (ours): `--plugin vlora` with its defaults (ATMM, Algorithm 1 with the "
-           "others admitted at once and a merged adapter kept while it is the most requested or has more "
-           "than 0.4 of the last 64 arrivals; until ad60727 only while the most requested, with more than "
-           "half of the last 32 arrivals to enter a merge)", plugin=True),
+           "others admitted at once and a merged adapter kept while it is the most requested)", plugin=True),
     System("csgmv", "SGLang `--lora-backend csgmv` (its default; Punica-like SGMV)", lora_backend="csgmv"),
     System("triton", "SGLang `--lora-backend triton` (S-LoRA-like)", lora_backend="triton"),
     System("unmerge_only", "`--plugin vlora --vlora-policy unmerge-only` (ATMM alone)", plugin=True,
@@ -81,9 +79,9 @@ SYSTEMS = {s.name: s for s in (
            "adapter is merged, the others' requests are admitted at once, in mixture; it unmerges as soon "
            "as line 5 fails)",
            plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "majority")),
-    System("vlora_plurality", "`--plugin vlora --vlora-admission all --vlora-keep-merged plurality` (stays "
-           "merged while the merged adapter is the most requested; the others admitted at once, in mixture; "
-           "our defaults until ad60727, when the popularity gate was still more than half of 32 arrivals)",
+    System("vlora_plurality", "`--plugin vlora --vlora-admission all --vlora-keep-merged plurality` (our "
+           "defaults spelled out: stays merged while the merged adapter is the most requested; the others "
+           "admitted at once, in mixture)",
            plugin=True, extra_flags=("--vlora-admission", "all", "--vlora-keep-merged", "plurality")),
     System("vlora_keep_popular", "`--plugin vlora --vlora-keep-merged popular` (our defaults, except that a "
            "merged adapter also stays while it has more than half of the recent arrivals; the others' requests "
@@ -97,11 +95,6 @@ SYSTEMS = {s.name: s for s in (
            "top adapter 98.5% of the time and one of 4 uniform adapters at most 1.7%)", plugin=True,
            extra_flags=("--vlora-keep-merged", "popular", "--vlora-popular-share", "0.4",
                         "--vlora-popular-window", "64")),
-    System("vlora_before_popular", "`--plugin vlora --vlora-keep-merged plurality --vlora-popular-share 0.5 "
-           "--vlora-popular-window 32` (our defaults until ad60727: a merged adapter kept while it is the most "
-           "requested; entering a merge needs more than half of the last 32 arrivals)", plugin=True,
-           extra_flags=("--vlora-keep-merged", "plurality", "--vlora-popular-share", "0.5",
-                        "--vlora-popular-window", "32")),
     System("dlora_like", "`--plugin vlora --vlora-policy dlora` (merge the dominant adapter or unmerge "
            "all; no mixture)", plugin=True, policy="dlora"),
 )}

@@ -29,15 +29,13 @@ def test_every_call_names_known_systems_and_points():
         assert set(call.systems) <= set(plan.SYSTEMS)
         assert set(call.points) <= set(plan.points_of(call.scale))
     covered = {s for name in plan.FULL for s in plan.CALLS[name].systems}
-    # the full benchmark runs every system but ten variants, run by name (--systems): two of the
-    # admission rules, vlora_plurality (kept merged while the most requested) and vlora_admit_all, the merged
-    # adapter kept while popular (vlora_keep_popular, with share 0.4, and over 64 arrivals), the
-    # defaults before that (vlora_before_popular), and ATMM alone
+    # the full benchmark runs every system but nine variants, run by name (--systems): two of the
+    # admission rules, vlora_plurality (our defaults spelled out) and vlora_admit_all, the merged
+    # adapter kept while popular (vlora_keep_popular, with share 0.4, and over 64 arrivals), and ATMM alone
     # with the LoRA in its GEMM, with every eager shrink as its own kernel or with the shrink inside
     # the base GEMM up to 1536 or 2048 tokens
     assert covered == set(plan.SYSTEMS) - {"vlora_plurality", "vlora_admit_all", "vlora_keep_popular",
                                            "vlora_popular_40", "vlora_popular_64_40",
-                                           "vlora_before_popular",
                                            "unmerge_only_lora_gemm",
                                            "unmerge_only_separate_shrink", "unmerge_only_in_gemm_1536",
                                            "unmerge_only_in_gemm_2048"}

@@ -32,7 +32,7 @@ def orchestrated(tiny_assets, tmp_path_factory):
         # Small prefill chunks: long prompts are chunked, and the chunked request is part of
         # the policy's running set. Algorithm 1's own admission and line 5 (the defaults admit
         # the others at once and keep a merged top adapter: tests/orchestrator/test_keep_merged.py).
-        # A popularity window shorter than the default's 64, to see the flag reach the server:
+        # A popularity window shorter than the default's 32, to see the flag reach the server:
         # the late majority below (12 requests) is then popular as soon as it has arrived.
         ["--max-loras-per-batch", "5", "--vlora-max-batch", str(MAX_BATCH), "--vlora-theta", "60",
          "--vlora-admission", "algorithm1", "--vlora-keep-merged", "majority",

@@ -74,7 +74,7 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
     assert json.loads(result["config_env"]) == {
         "atmm_impl": "auto", "cpu_defaults": True, "cpu_max_total_tokens": 65536,
         "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
-        "keep_merged": "popular", "popular_share": 0.4, "popular_window": 64,
+        "keep_merged": "plurality", "popular_share": 0.5, "popular_window": 32,
         "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
         "shrink_in_gemm": "auto", "eager_in_gemm_max_tokens": 1536, "lora_gemm": "off",
         "lora_gemm_min_tokens": 1024,
