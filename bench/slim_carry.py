@@ -4,7 +4,9 @@ The GPU machine gets the working tree and ``.sgc`` together, within a size limit
 results files of ``bench/results`` grow with every benchmark call. pycountry's wheel is the
 largest of the carried ones (8 MB, 22 MB unpacked) and is imported by the servers (SGLang ->
 gguf -> mistral_common -> pydantic_extra_types), but only for its code and databases: its
-translations (``pycountry/locales``) and tests are never read. This rewrites such wheels
+translations (``pycountry/locales``) and tests are never read. mistral_common's wheel (6.6 MB)
+carries two Tekken tokenizer files of 2.6 MB each (``mistral_common/data/tekken_*.json``), read
+only to load those Mistral tokenizers, which no benchmark model uses. This rewrites such wheels
 without those folders (and without their ``RECORD`` lines), in place::
 
     python bench/slim_carry.py .sgc/whl
@@ -20,7 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # wheel name prefix -> folders inside the wheel that no server reads
-UNUSED = {"pycountry-": ("pycountry/locales/", "pycountry/tests/")}
+UNUSED = {
+    "pycountry-": ("pycountry/locales/", "pycountry/tests/"),
+    "mistral_common-": ("mistral_common/data/tekken_",),
+}
 
 
 def slim_wheel(wheel: Path, drop: Sequence[str]) -> int:

@@ -9,12 +9,12 @@ import pytest
 from bench import slim_carry
 
 
-def _wheel(path, files):
+def _wheel(path, files, dist="pycountry-1.0"):
     with zipfile.ZipFile(path, "w") as z:
         for name, text in files.items():
             z.writestr(name, text)
         record = "".join(f"{name},sha256=x,{len(text)}\n" for name, text in files.items())
-        z.writestr("pycountry-1.0.dist-info/RECORD", record + "pycountry-1.0.dist-info/RECORD,,\n")
+        z.writestr(f"{dist}.dist-info/RECORD", record + f"{dist}.dist-info/RECORD,,\n")
 
 
 def test_a_wheel_loses_its_translations_and_tests_and_keeps_its_code(tmp_path):
@@ -40,6 +40,19 @@ def test_a_wheel_loses_its_translations_and_tests_and_keeps_its_code(tmp_path):
                            str(target), str(wheel)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (target / "pycountry" / "__init__.py").is_file()
+
+
+def test_mistral_common_loses_only_its_tekken_tokenizer_files(tmp_path):
+    wheel = tmp_path / "mistral_common-1.0-py3-none-any.whl"
+    _wheel(wheel, {"mistral_common/__init__.py": "",
+                   "mistral_common/data/tekken_240911.json": "x" * 5000,
+                   "mistral_common/data/mistral_instruct_tokenizer_241114.model.v7": "y"},
+           dist="mistral_common-1.0")
+    assert slim_carry.main([str(tmp_path)]) == 0
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "mistral_common/__init__.py" in names
+    assert "mistral_common/data/mistral_instruct_tokenizer_241114.model.v7" in names
+    assert not any("tekken" in n for n in names)
 
 
 def test_a_folder_that_is_not_there_or_a_corrupt_wheel_is_refused(tmp_path, capsys):
