@@ -2,8 +2,8 @@
 warm-up each, then the measurements one at a time in :func:`bench.e2e.plan.order`.
 
 The JSON (schema :data:`SCHEMA`) is rewritten after every measurement, so a call cut short
-(time budget, a timeout's SIGTERM) keeps what it measured; a measurement that does not fit
-in the budget is recorded as skipped, a server that does not start or dies as failed /
+(time budget, a timeout's SIGTERM) keeps what it measured; a round (one repeat of a point, every
+system on the same trace) that does not fit in the budget whole is recorded as skipped, a server that does not start or dies as failed /
 crashed with its log tail, and the call goes on with the others.
 """
 
@@ -150,19 +150,37 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
     return result
 
 
+def _expected_s(point: Point) -> float:
+    return point.arrivals_s + OVERHEAD_S[point.client]
+
+
 def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerProcess], names: Sequence[str],
                      seed: int, deadline: float, json_path: Path, clients: Clients) -> None:
+    """Every measurement of :func:`plan.order`, one at a time. A round (one repeat of one
+    point: the same trace for every system) starts only if all of it is expected to end
+    before ``deadline``: a round cut short would leave some systems with a trace the others
+    never ran, and the report's means over rounds would compare different traces."""
     points = {pid: plan.scaled(plan.points_of(call.scale)[pid], call.scale_requests) for pid in call.points}
-    for m in plan.order(call, list(live)):
+    measurements = plan.order(call, list(live))
+    current_round, round_fits = None, True
+    for i, m in enumerate(measurements):
         point, system, server = points[m.point], plan.SYSTEMS[m.system], live[m.system]
         entry: dict[str, Any] = {**asdict(m), "status": "ok"}
         report["measurements"].append(entry)
+        if (m.repeat, m.point) != current_round:
+            current_round = (m.repeat, m.point)
+            rest = [x for x in measurements[i:] if (x.repeat, x.point) == current_round]
+            round_fits = time.monotonic() + sum(_expected_s(points[x.point]) for x in rest) <= deadline
         if not server.alive():
             entry.update(status="failed", reason="server died earlier")
             report["systems"][m.system].update(status="crashed", reason="server died during the call",
                                                log_tail=server.log_tail(60))
             continue
-        if time.monotonic() + point.arrivals_s + OVERHEAD_S[point.client] > deadline:
+        if not round_fits:
+            entry.update(status="skipped", reason="time budget of the call (--budget-s): this round would not "
+                         "end in time for every system, and a round runs whole or not at all")
+            continue
+        if time.monotonic() + _expected_s(point) > deadline:
             entry.update(status="skipped", reason="time budget of the call (--budget-s) spent")
             continue
         entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)

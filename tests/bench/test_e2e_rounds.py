@@ -1,0 +1,74 @@
+"""The e2e harness's time budget: a round (one repeat of a point, every system on the same
+trace) is measured whole or not at all, so a call cut short by ``--budget-s`` never leaves a
+system with a trace the others did not run (a floor without peers, or peers without it)."""
+
+import pytest
+
+from bench.e2e import plan, runner
+
+
+class LiveServer:
+    def alive(self) -> bool:
+        return True
+
+
+class Clock:
+    """The harness's clock: a measurement advances it by the time it is expected to take."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(runner, "time", fake)
+    return fake
+
+
+@pytest.fixture()
+def measured(monkeypatch, clock):
+    """The (system, seed) of each measurement made, in order."""
+    done = []
+
+    def measure_one(server, system, point, names, seed, clients):
+        done.append((system.name, seed))
+        clock.now += runner._expected_s(point)
+        return {"metrics": {}}
+
+    monkeypatch.setattr(runner, "measure_one", measure_one)
+    monkeypatch.setattr(runner, "_line", lambda m, entry: "")
+    return done
+
+
+def run(tmp_path, clock: Clock, budget_rounds: float) -> dict:
+    call = plan.get_call("mixed-skewed-blocks", systems=["nolora", "vlora", "csgmv"], repeats=3)
+    point = plan.scaled(plan.points_of("gpu")["sgl-mixed"], call.scale_requests)
+    one_round = 3 * runner._expected_s(point)
+    report = {"measurements": [], "systems": {s: {} for s in call.systems}, "_t0": clock.now}
+    live = {s: LiveServer() for s in call.systems}
+    deadline = clock.now + budget_rounds * one_round
+    runner.run_measurements(report, call, live, ["l00"], 100, deadline, tmp_path / "r.json", None)
+    return report
+
+
+def statuses(report: dict) -> list[tuple[str, int, str]]:
+    return [(m["system"], m["repeat"], m["status"]) for m in report["measurements"]]
+
+
+def test_a_round_that_does_not_fit_whole_is_skipped_whole(tmp_path, clock, measured):
+    report = run(tmp_path, clock, budget_rounds=0.9)  # not even the first round fits whole
+    assert measured == []
+    assert {status for _, _, status in statuses(report)} == {"skipped"}
+    assert all("a round runs whole or not at all" in m["reason"] for m in report["measurements"])
+
+
+def test_the_rounds_that_fit_run_every_system_on_their_trace(tmp_path, clock, measured):
+    report = run(tmp_path, clock, budget_rounds=2.5)  # two whole rounds, half of a third
+    ran = [(s, r) for s, r, status in statuses(report) if status == "ok"]
+    assert sorted(ran) == sorted((s, r) for s in ("nolora", "vlora", "csgmv") for r in (0, 1))
+    assert {seed for _, seed in measured} == {100, 101}  # each round is one trace: seed + repeat
+    assert [status for _, r, status in statuses(report) if r == 2] == ["skipped"] * 3
