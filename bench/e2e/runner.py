@@ -2,9 +2,10 @@
 warm-up each, then the measurements one at a time in :func:`bench.e2e.plan.order`.
 
 The JSON (schema :data:`SCHEMA`) is rewritten after every measurement, so a call cut short
-(time budget, a timeout's SIGTERM) keeps what it measured; a round (one repeat of a point, every
-system on the same trace) that does not fit in the budget whole is recorded as skipped, a server that does not start or dies as failed /
-crashed with its log tail, and the call goes on with the others.
+(time budget, a timeout's SIGTERM) keeps what it measured. A round (one repeat of a point,
+every system on the same trace) that does not fit in the budget whole is recorded as skipped;
+a server that does not start or dies is recorded as failed / crashed with its log tail, and
+the call goes on with the others.
 """
 
 from __future__ import annotations
