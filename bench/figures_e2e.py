@@ -1,10 +1,13 @@
-"""The README's end-to-end headline table, a figures block of :mod:`bench.report`.
+"""The README's end-to-end tables, figures blocks of :mod:`bench.report`.
 
-It reads ``bench/results/e2e_h200.json``, the merged results that
+``e2e-headline`` reads ``bench/results/e2e_h200.json``, the merged results that
 ``python bench/run_e2e.py report bench/results/e2e/*.json`` writes (``--readme README.md``
-also puts the block into the README). The block is registered only once that file exists:
-before the benchmark has run there is nothing to show, and a registered block must appear in
-the docs with its results file present.
+also puts the block into the README): every call, whatever plugin code it ran.
+``e2e-current`` reads ``bench/results/e2e_current_h200.json``, which
+``python bench/run_e2e.py report bench/results/e2e/*.json --package-as REV --out
+bench/results/e2e_current_h200`` writes: only the calls that ran the plugin as it is at REV.
+A block is registered only once its file exists: before the benchmark has run there is
+nothing to show, and a registered block must appear in the docs with its results file present.
 """
 
 from __future__ import annotations
@@ -31,3 +34,17 @@ def block_text(merged: dict[str, Any], name: str = MERGED) -> str:
 
 if (RESULTS / MERGED).exists():
     block(BLOCK, MERGED)(e2e_headline)
+
+
+CURRENT = "e2e_current_h200.json"
+
+
+def e2e_current(merged: dict[str, Any]) -> str:
+    sel = merged["selection"]
+    intro = (f"Only the calls that ran the plugin (`sglang_vlora/`, `cuda/`, `pyproject.toml`) as it is at "
+             f"revision {sel['package_as'][:10]}: {sel['calls']} of the {sel['of']} calls in `bench/results/e2e/`.")
+    return intro + " " + e2e_headline(merged)
+
+
+if (RESULTS / CURRENT).exists():
+    block("e2e-current", CURRENT)(e2e_current)

@@ -106,6 +106,27 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+# What the served plugin is built from: the package, its CUDA C++ sources and its pins.
+PACKAGE_PATHS = ("sglang_vlora", "cuda", "pyproject.toml")
+
+
+def package_tree(revision: str) -> str | None:
+    """The git object ids of :data:`PACKAGE_PATHS` at ``revision``, joined: two revisions with
+    the same value served the same plugin code (the benchmark harness and the docs may differ).
+    None where git does not know the revision (or there is no git)."""
+    if full_revision(revision) is None:
+        return None
+    ids = [(_git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}:{path}") or "-").strip()
+           for path in PACKAGE_PATHS]
+    return ":".join(ids)
+
+
+def full_revision(revision: str) -> str | None:
+    """The full commit id git gives ``revision`` (None where it knows none)."""
+    out = _git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+    return out.strip() or None if out else None
+
+
 def git_state() -> dict[str, Any] | None:
     """Revision and cleanliness from git (None without a repository whose top is this
     checkout). Dirty means a modified or untracked, not ignored, code file (:data:`CODE_PATHS`)."""

@@ -80,8 +80,23 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     if out.with_suffix(".json").resolve() in {Path(r).resolve() for r in args.results}:
         raise SystemExit(f"error: --out {out} would overwrite its input {out.with_suffix('.json')}: choose another")
     runs = report.load(args.results)
+    selection = None
+    if args.package_as is not None:
+        if args.readme is not None:
+            raise SystemExit("error: --package-as writes a file of its own; its README block "
+                             "(e2e-current) is rendered by `python bench/report.py`, not --readme")
+        try:
+            runs, selection = report.same_package(runs, args.package_as)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        if not runs:
+            raise SystemExit(f"error: none of the {selection['of']} calls given ran the plugin as it is "
+                             f"at {args.package_as} ({selection['package_as'][:10]})")
+        print(f"[e2e] {selection['calls']} of {selection['of']} calls ran the plugin as at "
+              f"{selection['package_as'][:10]}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    combined = report.merged(runs, [_rel(p) for p in args.results])
+    sources = list(dict.fromkeys(_rel(Path(r["_file"])) for r in runs))  # a merged file gives several runs
+    combined = report.merged(runs, sources, selection)
     # Compact: the merged file repeats every call's results, which are kept indented apart.
     runner.write_json(out.with_suffix(".json"), combined, indent=None)
     md = out.with_suffix(".md")
@@ -139,6 +154,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     m.add_argument("--out", type=Path, default=DEFAULT_REPORT,
                    help="output stem: <out>.json (merged), <out>.md, <out>_e2e.png, <out>_lora_cost.png")
     m.add_argument("--readme", type=Path, help="put the headline table into this file's e2e-headline block")
+    m.add_argument("--package-as", metavar="REV",
+                   help="keep only the calls that ran the plugin (sglang_vlora/, cuda/, pyproject.toml) as it "
+                        "is at git revision REV, e.g. HEAD")
     m.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
     args.argv = list(argv)

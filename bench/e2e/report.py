@@ -405,21 +405,84 @@ HEADLINE_POINTS = ("sgl-mixed", "vision-skewed", "sgl-mixed-uniform", "sgl-prefi
 HEADLINE_SYSTEMS = ("nolora", "vlora", "csgmv", "triton", "unmerge_only")
 
 
+# LoRA cost ratios the headline shows (system, peer): the issues' targets. A column no point
+# has figures for is left out, but for the first.
+HEADLINE_RATIOS = (("vlora", "csgmv"), ("vlora", "triton"), ("unmerge_only", "csgmv"))
+
+
+def lora_cost_ratio(systems: dict[str, dict[str, Any]], system: str, peer: str) -> float | None:
+    """``system``'s mean LoRA cost over the floor relative to ``peer``'s at one point."""
+    ours, theirs = _mean(systems, system, "lora_cost"), _mean(systems, peer, "lora_cost")
+    return ours / theirs if ours is not None and theirs else None
+
+
+def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
+                      peer: str) -> list[tuple[float, float]]:
+    """Per round (one call's repeat) that measured the floor, ``system`` and ``peer`` at
+    ``point``: their two LoRA costs over that round's floor."""
+    out = []
+    for run in runs:
+        by_repeat: dict[int, dict[str, float]] = defaultdict(dict)
+        for m in run["measurements"]:
+            mean = (m.get("metrics") or {}).get("e2e_ms", {}).get("mean")
+            if m.get("status") == "ok" and m["point"] == point and mean is not None:
+                by_repeat[m["repeat"]][m["system"]] = mean
+        for means in by_repeat.values():
+            if {plan.FLOOR, system, peer} <= set(means):
+                out.append((means[system] - means[plan.FLOOR], means[peer] - means[plan.FLOOR]))
+    return out
+
+
+def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
+                   level: float = 0.95) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of sum(a) / sum(b) over the rounds ``pairs`` (resampled
+    whole, so each round's two costs stay together); None under 3 rounds or where a resample's
+    peer cost is not positive. Seeded: the same rounds give the same interval."""
+    import random
+
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(0)
+    values = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        theirs = sum(b for _, b in sample)
+        if theirs <= 0:
+            return None
+        values.append(sum(a for a, _ in sample) / theirs)
+    values.sort()
+    tail = (1 - level) / 2
+    return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def _ratio_cell(ratio: float | None, interval: tuple[float, float] | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" + (f" ({interval[0]:.2f} to {interval[1]:.2f})" if interval else "")
+
+
 def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
-    """The README's table: mean E2E ms (min-max) per headline point and system, and ours'
-    LoRA cost relative to csgmv's; the revision and files that produced it."""
+    """The README's table: mean E2E ms (min-max) per headline point and system, and the LoRA
+    cost ratios of :data:`HEADLINE_RATIOS`; the revision and files that produced it."""
     agg = aggregate(runs)
     labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
-    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). {provenance_line(runs)} Source: {source}.", "",
-             "| point | " + " | ".join(systems) + " | ours' LoRA cost / csgmv's |",
-             "|---|" + "---|" * (len(systems) + 1)]
-    rat = ratios(agg)
+    costs = {(p, pair): lora_cost_ratio(agg[p], *pair) for p in points for pair in HEADLINE_RATIOS}
+    spans = {(p, pair): ratio_interval(paired_lora_costs(runs, p, *pair)) for p in points for pair in HEADLINE_RATIOS}
+    pairs = [pair for pair in HEADLINE_RATIOS if pair == HEADLINE_RATIOS[0]
+             or any(costs[p, pair] is not None for p in points)]
+    names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's"}
+    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). LoRA cost ratios: of the mean LoRA costs "
+             "over the floor, and in brackets a 95% bootstrap interval over the rounds that measured the floor "
+             f"and both systems (3 or more). {provenance_line(runs)} Source: {source}.", "",
+             "| point | " + " | ".join(systems) + " | "
+             + " | ".join(f"{names[a]} LoRA cost / {names[b]}" for a, b in pairs) + " |",
+             "|---|" + "---|" * (len(systems) + len(pairs))]
     for point in points:
         cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]
-        lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + f" | "
-                     f"{_f(rat[point]['lora_cost_vs_csgmv'], 2)} |")
+        lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + " | "
+                     + " | ".join(_ratio_cell(costs[point, pair], spans[point, pair]) for pair in pairs) + " |")
     speeds = _speedup_lines(agg)
     if speeds:
         lines += ["", *speeds]
@@ -435,24 +498,52 @@ def put_headline(text: str, block_text: str) -> str:
                      "where the table goes")
 
 
-def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
+def same_package(runs: Sequence[dict[str, Any]], revision: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs that served the plugin as it is at ``revision`` (its package, CUDA sources and
+    pins, :func:`bench.provenance.package_tree`), and a record of the selection. A run from a
+    dirty checkout, or whose revision this repository does not know, is left out: nothing says
+    which code it ran. Raises ValueError for a revision git does not know."""
+    full = provenance.full_revision(revision)
+    if full is None:
+        raise ValueError(f"--package-as {revision!r}: not a revision of this repository (git knows none)")
+    tree = provenance.package_tree(full)
+    trees: dict[str, str | None] = {}
+    kept = []
+    for run in runs:
+        code = run.get("code") or {}
+        rev = code.get("revision")
+        if not rev or code.get("dirty") is not False:
+            continue
+        if rev not in trees:
+            trees[rev] = provenance.package_tree(rev)
+        if trees[rev] == tree:
+            kept.append(run)
+    return kept, {"package_as": full, "package_tree": tree, "calls": len(kept), "of": len(runs)}
+
+
+def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
+           selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """One results file for the docs: every run, the files they came from, and their
     ``provenance`` (:func:`bench.provenance.combined`). Left out, because the source files
     keep them and the docs' figures use none of them: the raw ``/vlora/status`` snapshots, the
     request-by-request lists (``per_request``, the paired comparison's input), SGLang's client's
     own result and command line per measurement, and the GPU machine's stand-in kernel calls
     (``shim_calls``). Kept, this file would be most of the repository's size, and the tree must
-    travel to the GPU machine in 64 MiB with SGLang's carry."""
+    travel to the GPU machine in 64 MiB with SGLang's carry. ``selection`` (from
+    :func:`same_package`) records which calls were kept, and why."""
     dropped = ("vlora_status", "per_request", "sglang_result", "client_command")
     slim = [{**{k: v for k, v in r.items() if k not in ("_file", "shim_calls")},
              "measurements": [{k: v for k, v in m.items() if k not in dropped} for m in r["measurements"]]}
             for r in runs]
-    return {
+    out = {
         "schema": MERGED_SCHEMA,
         "provenance": provenance.combined([provenance.record(r, r["date"]) for r in runs]),
         "sources": list(sources),
         "runs": slim,
     }
+    if selection is not None:
+        out["selection"] = selection
+    return out
 
 
 def plots(runs: Sequence[dict[str, Any]], prefix: Path) -> list[Path]:

@@ -74,8 +74,17 @@ def test_the_block_call_runs_the_headline_workload_in_six_rotating_rounds_of_100
     assert {s: firsts.count(s) for s in blocks.systems} == {"nolora": 2, "vlora": 2, "csgmv": 2}
 
 
+def test_the_vision_block_call_runs_vision_skewed_in_six_rotating_rounds_of_38_requests():
+    blocks, full = plan.get_call("vision-skewed-blocks"), plan.get_call("vision-skewed")
+    assert (blocks.systems, blocks.points, blocks.server_args) == (full.systems, full.points, full.server_args)
+    point = plan.points_of("gpu")["vision-skewed"]
+    assert plan.scaled(point, blocks.scale_requests).requests == 38 and blocks.repeats == 6
+    firsts = [m.system for m in plan.order(blocks, list(blocks.systems))[::3]]
+    assert {s: firsts.count(s) for s in blocks.systems} == {"nolora": 2, "vlora": 2, "csgmv": 2}
+
+
 def test_vision_calls_run_triton_vision_attention_and_gpu_feature_transport_unless_the_user_says_otherwise():
-    for name in ("vision-skewed", "vision-uniform", "video", "short"):
+    for name in ("vision-skewed", "vision-skewed-blocks", "vision-uniform", "video", "short"):
         call = plan.get_call(name, systems=["vlora"])  # overrides keep the call's flags
         assert call.server_args == plan.VISION_FLAGS, name
     for name in ("mixed-skewed", "uniform", "prefill", "decode", "cpu-smoke"):

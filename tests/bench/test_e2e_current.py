@@ -1,0 +1,107 @@
+"""The report's view of the plugin as it is now: the calls that served the same package code
+(`run_e2e.py report --package-as REV`), and the bootstrap interval of the LoRA cost ratios."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import provenance, run_e2e
+from bench.e2e import report
+
+needs_git = pytest.mark.skipif(provenance.full_revision("HEAD") is None, reason="needs this repository's git")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=provenance.REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _run(run_id: str, revision: str | None, dirty: bool | None = False, lora_ms: float = 900.0) -> dict:
+    def m(system: str, repeat: int, ms: float) -> dict:
+        return {"system": system, "point": "sgl-mixed", "repeat": repeat, "status": "ok",
+                "metrics": {"e2e_ms": {"mean": ms, "p99": 2 * ms}, "ttft_ms": {"mean": ms / 10},
+                            "tpot_ms": {"mean": 1.0}, "requests": 400, "completed": 400, "errors": 0}}
+
+    return {"schema": report.SCHEMAS[0], "run_id": run_id, "call": {"name": "mixed-skewed", "scale": "gpu"},
+            "date": "2026-11-28T01:00:00+00:00", "device": "NVIDIA H200", "platform": "Linux", "cpu_count": 16,
+            "versions": {"sglang": "0.5.23", "torch": "2.11", "triton": "3.6"},
+            "code": {"revision": revision, "dirty": dirty}, "points": {"sgl-mixed": {"label": "1024 in / 64 out"}},
+            "systems": {}, "caveats": [], "_file": f"{run_id}.json",
+            "measurements": [m("nolora", 0, 800.0), m("vlora", 0, lora_ms), m("csgmv", 0, 1200.0)]}
+
+
+@needs_git
+def test_same_package_keeps_the_calls_whose_plugin_code_equals_the_revisions():
+    head = _git("rev-parse", "HEAD")
+    root = _git("rev-list", "--max-parents=0", "HEAD").splitlines()[0]  # no plugin code like today's
+    assert provenance.package_tree(head) != provenance.package_tree(root)
+    runs = [_run("now", head), _run("first", root), _run("dirty", head, dirty=True),
+            _run("unknown-dirtiness", head, dirty=None), _run("no-revision", None),
+            _run("foreign", "f" * 40)]
+    kept, selection = report.same_package(runs, "HEAD")
+    assert [r["run_id"] for r in kept] == ["now"]
+    assert selection == {"package_as": head, "package_tree": provenance.package_tree(head), "calls": 1, "of": 6}
+    assert [r["run_id"] for r in report.same_package(runs, root)[0]] == ["first"]
+    with pytest.raises(ValueError, match="not a revision"):
+        report.same_package(runs, "no-such-revision")
+
+
+@needs_git
+def test_report_package_as_writes_only_those_calls_and_says_which(tmp_path: Path, capsys):
+    head = _git("rev-parse", "HEAD")
+    root = _git("rev-list", "--max-parents=0", "HEAD").splitlines()[0]
+    paths = []
+    for run in (_run("now", head, lora_ms=900.0), _run("old", root, lora_ms=1100.0)):
+        paths.append(tmp_path / f"{run['run_id']}.json")
+        paths[-1].write_text(json.dumps({k: v for k, v in run.items() if k != "_file"}))
+    out = tmp_path / "current"
+    run_e2e.main(["report", *map(str, paths), "--package-as", "HEAD", "--out", str(out)])
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert [r["run_id"] for r in merged["runs"]] == ["now"] and merged["selection"]["of"] == 2
+    assert merged["sources"] == [paths[0].name]
+    assert "1 of 2 calls ran the plugin" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="none of the 1 calls"):
+        run_e2e.main(["report", str(paths[1]), "--package-as", "HEAD", "--out", str(out)])
+    with pytest.raises(SystemExit, match="not a revision"):
+        run_e2e.main(["report", str(paths[0]), "--package-as", "nope", "--out", str(out)])
+    with pytest.raises(SystemExit, match="bench/report.py"):
+        run_e2e.main(["report", str(paths[0]), "--package-as", "HEAD", "--out", str(out),
+                      "--readme", str(tmp_path / "README.md")])
+
+
+def test_package_tree_needs_a_revision_git_knows():
+    if shutil.which("git") is None:
+        assert provenance.package_tree("HEAD") is None
+    assert provenance.package_tree("f" * 40) is None
+
+
+def test_the_ratio_interval_resamples_whole_rounds_and_needs_three():
+    assert report.ratio_interval([(10.0, 40.0), (20.0, 40.0)]) is None
+    same = [(10.0, 40.0)] * 5
+    assert report.ratio_interval(same) == (0.25, 0.25)
+    spread = [(0.0, 40.0), (10.0, 40.0), (20.0, 40.0), (30.0, 40.0), (40.0, 40.0)]
+    lo, hi = report.ratio_interval(spread)
+    assert 0.0 < lo < 0.5 < hi < 1.0
+    assert report.ratio_interval(spread) == (lo, hi)  # seeded
+    # a peer that cost nothing over the floor in some resample: no interval
+    assert report.ratio_interval([(5.0, 0.0), (5.0, -1.0), (5.0, 0.5)]) is None
+
+
+def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_rounds():
+    runs = [_run(f"r{i}", "a" * 40, lora_ms=ms) for i, ms in enumerate((880.0, 900.0, 920.0))]
+    for run in runs:  # triton in every round, unmerge-only in none with the floor
+        run["measurements"].append({**run["measurements"][2], "system": "triton",
+                                    "metrics": {**run["measurements"][2]["metrics"],
+                                                "e2e_ms": {"mean": 1000.0, "p99": 2000.0}}})
+    pairs = report.paired_lora_costs(runs, "sgl-mixed", "vlora", "csgmv")
+    assert pairs == [(80.0, 400.0), (100.0, 400.0), (120.0, 400.0)]
+    table = report.headline(runs, "test")
+    header = next(line for line in table.splitlines() if line.startswith("| point"))
+    assert header.endswith("| ours' LoRA cost / csgmv's | ours' LoRA cost / triton's |")  # no unmerge-only
+    row = next(line for line in table.splitlines() if line.startswith("| 1024 in / 64 out"))
+    lo, hi = report.ratio_interval(pairs)
+    assert f"| 0.25 ({lo:.2f} to {hi:.2f}) | 0.50 (" in row and 0.2 <= lo < 0.25 < hi <= 0.3
