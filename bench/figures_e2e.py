@@ -3,9 +3,10 @@
 ``e2e-headline`` reads ``bench/results/e2e_h200.json``, the merged results that
 ``python bench/run_e2e.py report bench/results/e2e/*.json`` writes (``--readme README.md``
 also puts the block into the README): every call, whatever plugin code it ran.
-``e2e-current`` reads ``bench/results/e2e_current_h200.json``, which
-``python bench/run_e2e.py report bench/results/e2e/*.json --package-as REV --out
-bench/results/e2e_current_h200`` writes: only the calls that ran the plugin as it is at REV.
+``e2e-current-<device>`` reads ``bench/results/e2e_current_<device>.json``, which
+``python bench/run_e2e.py report FILES --package-as REV --out bench/results/e2e_current_<device>``
+writes: only the calls that ran the plugin as it is at REV (one device's files: the report
+refuses to pool devices).
 A block is registered only once its file exists: before the benchmark has run there is
 nothing to show, and a registered block must appear in the docs with its results file present.
 """
@@ -36,15 +37,13 @@ if (RESULTS / MERGED).exists():
     block(BLOCK, MERGED)(e2e_headline)
 
 
-CURRENT = "e2e_current_h200.json"
-
-
 def e2e_current(merged: dict[str, Any]) -> str:
     sel = merged["selection"]
     intro = (f"Only the calls that ran the plugin (`sglang_vlora/`, `cuda/`, `pyproject.toml`) as it is at "
-             f"revision {sel['package_as'][:10]}: {sel['calls']} of the {sel['of']} calls in `bench/results/e2e/`.")
+             f"revision {sel['package_as'][:10]}: {sel['calls']} of the {sel['of']} calls given.")
     return intro + " " + e2e_headline(merged)
 
 
-if (RESULTS / CURRENT).exists():
-    block("e2e-current", CURRENT)(e2e_current)
+# One block a device: e2e_current_h200.json -> e2e-current-h200.
+for path in sorted(RESULTS.glob("e2e_current_*.json")):
+    block("e2e-current-" + path.stem.removeprefix("e2e_current_"), path.name)(e2e_current)

@@ -84,7 +84,7 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.package_as is not None:
         if args.readme is not None:
             raise SystemExit("error: --package-as writes a file of its own; its README block "
-                             "(e2e-current) is rendered by `python bench/report.py`, not --readme")
+                             "(e2e-current-<device>) is rendered by `python bench/report.py`, not --readme")
         try:
             runs, selection = report.same_package(runs, args.package_as)
         except ValueError as e:

@@ -37,8 +37,8 @@ SYSTEM_ORDER = list(plan.SYSTEMS)
 
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Results files, checked: known schema, one scale for all. A merged file (see
-    :func:`merged`) contributes its runs."""
+    """Results files, checked: known schema, one scale and one device for all. A merged file
+    (see :func:`merged`) contributes its runs."""
     runs = []
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -55,6 +55,10 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     scales = {r["call"]["scale"] for r in runs}
     if len(scales) > 1:
         raise ValueError(f"results of different scales {sorted(scales)} cannot be merged")
+    devices = {r.get("device") for r in runs}
+    if len(devices) > 1:
+        raise ValueError(f"results of different devices {sorted(map(str, devices))} cannot be merged: a point's "
+                         "repeats would pool two machines' speeds; report each device's files apart")
     return runs
 
 

@@ -105,3 +105,14 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
     row = next(line for line in table.splitlines() if line.startswith("| 1024 in / 64 out"))
     lo, hi = report.ratio_interval(pairs)
     assert f"| 0.25 ({lo:.2f} to {hi:.2f}) | 0.50 (" in row and 0.2 <= lo < 0.25 < hi <= 0.3
+
+
+def test_the_report_refuses_to_pool_two_devices(tmp_path: Path):
+    paths = []
+    for run_id, device in (("h200", "NVIDIA H200"), ("h100", "NVIDIA H100 80GB HBM3")):
+        run = {k: v for k, v in _run(run_id, "a" * 40).items() if k != "_file"} | {"device": device}
+        paths.append(tmp_path / f"{run_id}.json")
+        paths[-1].write_text(json.dumps(run))
+    with pytest.raises(ValueError, match="different devices"):
+        report.load(paths)
+    assert len(report.load(paths[:1])) == 1
