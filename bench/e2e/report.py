@@ -15,6 +15,7 @@ other points: its point ids and labels carry the flags (:func:`key_points_by_fla
 from __future__ import annotations
 
 import json
+import random
 import re
 import statistics
 import textwrap
@@ -442,8 +443,6 @@ def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
     """A percentile bootstrap interval of sum(a) / sum(b) over the rounds ``pairs`` (resampled
     whole, so each round's two costs stay together); None under 3 rounds or where a resample's
     peer cost is not positive. Seeded: the same rounds give the same interval."""
-    import random
-
     if len(pairs) < 3:
         return None
     rng = random.Random(0)
