@@ -79,7 +79,10 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
                          "figures block reads)")
     if out.with_suffix(".json").resolve() in {Path(r).resolve() for r in args.results}:
         raise SystemExit(f"error: --out {out} would overwrite its input {out.with_suffix('.json')}: choose another")
-    runs = report.load(args.results)
+    try:
+        runs = report.load(args.results)
+    except (OSError, ValueError) as e:  # a missing or malformed file, or files that do not pool
+        raise SystemExit(f"error: {e}") from None
     selection = None
     if args.package_as is not None:
         if args.readme is not None:

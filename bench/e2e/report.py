@@ -137,6 +137,11 @@ def _mean(agg: dict[str, dict[str, Any]], system: str, figure: str) -> float | N
     return spread["mean"] if spread else None
 
 
+def _ratio_of_means(systems: dict[str, dict[str, Any]], system: str, peer: str, figure: str) -> float | None:
+    ours, theirs = _mean(systems, system, figure), _mean(systems, peer, figure)
+    return ours / theirs if ours is not None and theirs else None
+
+
 def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | None]]:
     """Per point, ours against SGLang's backends and unmerge-only: LoRA cost ratios and
     mean / P99 E2E ratios (None where a figure is missing)."""
@@ -145,8 +150,7 @@ def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, flo
         r: dict[str, float | None] = {}
         for peer in ("csgmv", "triton", "unmerge_only"):
             for fig, name in (("lora_cost", "lora_cost"), ("e2e_mean", "mean_e2e"), ("e2e_p99", "p99_e2e")):
-                ours, theirs = _mean(systems, "vlora", fig), _mean(systems, peer, fig)
-                r[f"{name}_vs_{peer}"] = ours / theirs if ours is not None and theirs else None
+                r[f"{name}_vs_{peer}"] = _ratio_of_means(systems, "vlora", peer, fig)
         out[point] = r
     return out
 
@@ -415,12 +419,6 @@ HEADLINE_SYSTEMS = ("nolora", "vlora", "csgmv", "triton", "unmerge_only")
 HEADLINE_RATIOS = (("vlora", "csgmv"), ("vlora", "triton"), ("unmerge_only", "csgmv"))
 
 
-def lora_cost_ratio(systems: dict[str, dict[str, Any]], system: str, peer: str) -> float | None:
-    """``system``'s mean LoRA cost over the floor relative to ``peer``'s at one point."""
-    ours, theirs = _mean(systems, system, "lora_cost"), _mean(systems, peer, "lora_cost")
-    return ours / theirs if ours is not None and theirs else None
-
-
 def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
                       peer: str) -> list[tuple[float, float]]:
     """Per round (one call's repeat) that measured the floor, ``system`` and ``peer`` at
@@ -471,7 +469,7 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
-    costs = {(p, pair): lora_cost_ratio(agg[p], *pair) for p in points for pair in HEADLINE_RATIOS}
+    costs = {(p, pair): _ratio_of_means(agg[p], *pair, "lora_cost") for p in points for pair in HEADLINE_RATIOS}
     spans = {(p, pair): ratio_interval(paired_lora_costs(runs, p, *pair)) for p in points for pair in HEADLINE_RATIOS}
     pairs = [pair for pair in HEADLINE_RATIOS if pair == HEADLINE_RATIOS[0]
              or any(costs[p, pair] is not None for p in points)]

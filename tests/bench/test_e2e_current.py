@@ -116,3 +116,8 @@ def test_the_report_refuses_to_pool_two_devices(tmp_path: Path):
     with pytest.raises(ValueError, match="different devices"):
         report.load(paths)
     assert len(report.load(paths[:1])) == 1
+    with pytest.raises(SystemExit, match="error: results of different devices"):
+        run_e2e.main(["report", *map(str, paths), "--out", str(tmp_path / "out")])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="error: "):
+        run_e2e.main(["report", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")])
