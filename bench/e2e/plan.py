@@ -47,6 +47,8 @@ class System:
 
 SYSTEMS = {s.name: s for s in (
     System("nolora", "no LoRA at all: plain SGLang, no adapters loaded (the floor)", lora=False),
+    System("nolora_twin", "a second no-LoRA server, identical to the floor: what the harness reads between two "
+           "identical systems (an A/A check of its resolution)", lora=False),
     System("vlora", "V-LoRA (ours): `--plugin vlora` with its defaults (ATMM, Algorithm 1 with the "
            "others admitted at once and a merged adapter kept while it is the most requested)", plugin=True),
     System("csgmv", "SGLang `--lora-backend csgmv` (its default; Punica-like SGMV)", lora_backend="csgmv"),
@@ -230,6 +232,12 @@ CALLS = {c.name: c for c in (
     # Its points are reported apart from the 400-request ones.
     Call("mixed-skewed-blocks", "gpu", ("nolora", "vlora", "csgmv"), ("sgl-mixed",), repeats=6,
          scale_requests=0.25, why="the headline workload in 6 rounds of 100 requests a system, taking turns"),
+    # The same with a second, identical floor server: how far apart the harness reads two
+    # identical systems round by round, next to the gap it is asked to show (report: the twin's
+    # mean E2E over the floor's, with its interval).
+    Call("mixed-skewed-blocks-twin", "gpu", ("nolora", "nolora_twin", "vlora", "csgmv"), ("sgl-mixed",),
+         repeats=6, scale_requests=0.25,
+         why="mixed-skewed-blocks with the floor twice: the harness's resolution (A/A) beside the gap it measures"),
     Call("vision-skewed", "gpu", ("nolora", "vlora", "csgmv"), ("vision-skewed",),
          why="vision-sized retrieval (256-576 visual tokens), top adapter 80%", server_args=VISION_FLAGS),
     # The same in six rounds of 38 requests (15 s of arrivals) a system, taking turns: ours' LoRA

@@ -20,7 +20,7 @@ import re
 import statistics
 import textwrap
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -411,18 +411,19 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
 
 
 HEADLINE_POINTS = ("sgl-mixed", "vision-skewed", "sgl-mixed-uniform", "sgl-prefill", "sgl-decode", "video-lm")
-HEADLINE_SYSTEMS = ("nolora", "vlora", "csgmv", "triton", "unmerge_only")
+HEADLINE_SYSTEMS = ("nolora", "nolora_twin", "vlora", "csgmv", "triton", "unmerge_only")
 
 
-# LoRA cost ratios the headline shows (system, peer): the issues' targets. A column no point
-# has figures for is left out, but for the first.
-HEADLINE_RATIOS = (("vlora", "csgmv"), ("vlora", "triton"), ("unmerge_only", "csgmv"))
+# Ratios the headline shows (figure, system, peer): the LoRA cost ratios of the issues' targets,
+# ours' mean E2E over csgmv's (target 0.85x), and the floor's twin over the floor (the harness's
+# resolution: two identical servers). A column no point has figures for is left out, but for the first.
+HEADLINE_RATIOS = (("lora_cost", "vlora", "csgmv"), ("lora_cost", "vlora", "triton"),
+                   ("lora_cost", "unmerge_only", "csgmv"), ("e2e_mean", "vlora", "csgmv"),
+                   ("e2e_mean", "nolora_twin", plan.FLOOR))
 
 
-def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
-                      peer: str) -> list[tuple[float, float]]:
-    """Per round (one call's repeat) that measured the floor, ``system`` and ``peer`` at
-    ``point``: their two LoRA costs over that round's floor."""
+def round_means(runs: Sequence[dict[str, Any]], point: str) -> list[dict[str, float]]:
+    """Per round (one call's repeat) at ``point``: each system's mean E2E ms."""
     out = []
     for run in runs:
         by_repeat: dict[int, dict[str, float]] = defaultdict(dict)
@@ -430,10 +431,25 @@ def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
             mean = (m.get("metrics") or {}).get("e2e_ms", {}).get("mean")
             if m.get("status") == "ok" and m["point"] == point and mean is not None:
                 by_repeat[m["repeat"]][m["system"]] = mean
-        for means in by_repeat.values():
-            if {plan.FLOOR, system, peer} <= set(means):
-                out.append((means[system] - means[plan.FLOOR], means[peer] - means[plan.FLOOR]))
+        out += by_repeat.values()
     return out
+
+
+def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
+                      peer: str) -> list[tuple[float, float]]:
+    """Per round that measured the floor, ``system`` and ``peer`` at ``point``: their two LoRA
+    costs over that round's floor."""
+    return [(means[system] - means[plan.FLOOR], means[peer] - means[plan.FLOOR])
+            for means in round_means(runs, point) if {plan.FLOOR, system, peer} <= set(means)]
+
+
+def paired_means(runs: Sequence[dict[str, Any]], point: str, system: str, peer: str) -> list[tuple[float, float]]:
+    """Per round that measured ``system`` and ``peer`` at ``point``: their two mean E2E ms."""
+    return [(means[system], means[peer]) for means in round_means(runs, point) if {system, peer} <= set(means)]
+
+
+def _paired(figure: str) -> Callable[..., list[tuple[float, float]]]:
+    return paired_lora_costs if figure == "lora_cost" else paired_means
 
 
 def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
@@ -469,16 +485,17 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
-    costs = {(p, pair): _ratio_of_means(agg[p], *pair, "lora_cost") for p in points for pair in HEADLINE_RATIOS}
-    spans = {(p, pair): ratio_interval(paired_lora_costs(runs, p, *pair)) for p in points for pair in HEADLINE_RATIOS}
-    pairs = [pair for pair in HEADLINE_RATIOS if pair == HEADLINE_RATIOS[0]
-             or any(costs[p, pair] is not None for p in points)]
-    names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's"}
-    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). LoRA cost ratios: of the mean LoRA costs "
-             "over the floor, and in brackets a 95% bootstrap interval over the rounds that measured the floor "
-             f"and both systems (3 or more). {provenance_line(runs)} Source: {source}.", "",
-             "| point | " + " | ".join(systems) + " | "
-             + " | ".join(f"{names[a]} LoRA cost / {names[b]}" for a, b in pairs) + " |",
+    costs = {(p, r): _ratio_of_means(agg[p], r[1], r[2], r[0]) for p in points for r in HEADLINE_RATIOS}
+    spans = {(p, r): ratio_interval(_paired(r[0])(runs, p, r[1], r[2])) for p in points for r in HEADLINE_RATIOS}
+    pairs = [r for r in HEADLINE_RATIOS if r == HEADLINE_RATIOS[0] or any(costs[p, r] is not None for p in points)]
+    names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's",
+             "nolora_twin": "the floor's twin's", plan.FLOOR: "the floor's"}
+    figures = {"lora_cost": "LoRA cost", "e2e_mean": "mean E2E"}
+    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). Ratios: of the means over repeats (LoRA "
+             "cost: over the floor of the same round), and in brackets a 95% bootstrap interval over the rounds "
+             f"that measured both systems (and the floor; 3 or more). {provenance_line(runs)} Source: {source}.",
+             "", "| point | " + " | ".join(systems) + " | "
+             + " | ".join(f"{names[a]} {figures[f]} / {names[b]}" for f, a, b in pairs) + " |",
              "|---|" + "---|" * (len(systems) + len(pairs))]
     for point in points:
         cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]

@@ -101,10 +101,34 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
     assert pairs == [(80.0, 400.0), (100.0, 400.0), (120.0, 400.0)]
     table = report.headline(runs, "test")
     header = next(line for line in table.splitlines() if line.startswith("| point"))
-    assert header.endswith("| ours' LoRA cost / csgmv's | ours' LoRA cost / triton's |")  # no unmerge-only
+    assert header.endswith("| ours' LoRA cost / csgmv's | ours' LoRA cost / triton's | ours' mean E2E / csgmv's |")
     row = next(line for line in table.splitlines() if line.startswith("| 1024 in / 64 out"))
     lo, hi = report.ratio_interval(pairs)
     assert f"| 0.25 ({lo:.2f} to {hi:.2f}) | 0.50 (" in row and 0.2 <= lo < 0.25 < hi <= 0.3
+    means = report.paired_means(runs, "sgl-mixed", "vlora", "csgmv")
+    assert means == [(880.0, 1200.0), (900.0, 1200.0), (920.0, 1200.0)]
+    lo, hi = report.ratio_interval(means)
+    assert row.endswith(f"| 0.75 ({lo:.2f} to {hi:.2f}) |") and lo < 0.75 < hi
+
+
+def test_the_floors_twin_reads_the_harness_resolution_beside_the_targets():
+    runs = [_run(f"r{i}", "a" * 40) for i in range(4)]
+    for run, twin_ms in zip(runs, (780.0, 820.0, 800.0, 840.0)):  # the floor reads 800 in every round
+        run["measurements"].append({**run["measurements"][0], "system": "nolora_twin",
+                                    "metrics": {**run["measurements"][0]["metrics"],
+                                                "e2e_ms": {"mean": twin_ms, "p99": 1600.0}}})
+    assert report.paired_means(runs, "sgl-mixed", "nolora_twin", "nolora") == [
+        (780.0, 800.0), (820.0, 800.0), (800.0, 800.0), (840.0, 800.0)]
+    table = report.headline(runs, "test")
+    header = next(line for line in table.splitlines() if line.startswith("| point"))
+    assert "| nolora | nolora_twin | vlora | csgmv |" in header
+    assert header.endswith("| ours' mean E2E / csgmv's | the floor's twin's mean E2E / the floor's |")
+    row = next(line for line in table.splitlines() if line.startswith("| 1024 in / 64 out"))
+    lo, hi = report.ratio_interval(report.paired_means(runs, "sgl-mixed", "nolora_twin", "nolora"))
+    assert row.endswith(f"| 1.01 ({lo:.2f} to {hi:.2f}) |") and 0.97 <= lo <= 1.0 < 1.01 < hi <= 1.05
+    # the twin is a system of its own, with a "LoRA cost" over the floor of its round: the A/A gap
+    agg = report.aggregate(runs)
+    assert agg["sgl-mixed"]["nolora_twin"]["lora_cost"]["values"] == [-20.0, 20.0, 0.0, 40.0]
 
 
 def test_the_report_refuses_to_pool_two_devices(tmp_path: Path):

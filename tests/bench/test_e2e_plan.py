@@ -33,8 +33,9 @@ def test_every_call_names_known_systems_and_points():
     # admission rules, vlora_plurality (our defaults spelled out) and vlora_admit_all, the merged
     # adapter kept while popular (vlora_keep_popular, with share 0.4, and over 64 arrivals), and ATMM alone
     # with the LoRA in its GEMM, with every eager shrink as its own kernel or with the shrink inside
-    # the base GEMM up to 1536 or 2048 tokens
-    assert covered == set(plan.SYSTEMS) - {"vlora_plurality", "vlora_admit_all", "vlora_keep_popular",
+    # the base GEMM up to 1536 or 2048 tokens; and the floor's twin, which only the resolution
+    # call runs
+    assert covered == set(plan.SYSTEMS) - {"nolora_twin", "vlora_plurality", "vlora_admit_all", "vlora_keep_popular",
                                            "vlora_popular_40", "vlora_popular_64_40",
                                            "unmerge_only_lora_gemm",
                                            "unmerge_only_separate_shrink", "unmerge_only_in_gemm_1536",
@@ -72,6 +73,16 @@ def test_the_block_call_runs_the_headline_workload_in_six_rotating_rounds_of_100
     assert [m.repeat for m in order] == [r for r in range(6) for _ in range(3)]
     firsts = [order[3 * r].system for r in range(6)]
     assert {s: firsts.count(s) for s in blocks.systems} == {"nolora": 2, "vlora": 2, "csgmv": 2}
+
+
+def test_the_twin_call_runs_the_block_call_with_a_second_identical_floor():
+    twin, blocks = plan.get_call("mixed-skewed-blocks-twin"), plan.get_call("mixed-skewed-blocks")
+    assert (twin.points, twin.repeats, twin.scale_requests) == (blocks.points, blocks.repeats, blocks.scale_requests)
+    assert twin.systems == ("nolora", "nolora_twin", "vlora", "csgmv")
+    floor, other = plan.SYSTEMS["nolora"], plan.SYSTEMS["nolora_twin"]
+    assert (other.lora, other.plugin, other.flags()) == (floor.lora, floor.plugin, floor.flags())
+    firsts = [m.system for m in plan.order(twin, list(twin.systems))[::4]]
+    assert set(firsts) == set(twin.systems)  # each system goes first in some round
 
 
 def test_the_vision_block_call_runs_vision_skewed_in_six_rotating_rounds_of_38_requests():
