@@ -113,7 +113,7 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
 
 def test_the_floors_twin_reads_the_harness_resolution_beside_the_targets():
     runs = [_run(f"r{i}", "a" * 40) for i in range(4)]
-    for run, twin_ms in zip(runs, (780.0, 820.0, 800.0, 840.0)):  # the floor reads 800 in every round
+    for run, twin_ms in zip(runs, (780.0, 820.0, 800.0, 840.0), strict=True):  # the floor reads 800 in every round
         run["measurements"].append({**run["measurements"][0], "system": "nolora_twin",
                                     "metrics": {**run["measurements"][0]["metrics"],
                                                 "e2e_ms": {"mean": twin_ms, "p99": 1600.0}}})
