@@ -9,7 +9,10 @@
 # Each call's servers and client see only their own GPU, so the systems of one call are still
 # compared on one GPU, with the same neighbours, as in bench/gpu_e2e.sh. The calls do share the
 # host's CPUs: a host-bound point (eager prefill) may run slower than it would alone, alike for the
-# systems of a call; compare systems within a call, not the same system across calls.
+# systems of a call; compare systems within a call, not the same system across calls. Do not put a
+# text call beside a vision call: the vision call's image work on the host's CPUs moved a text
+# call's floor prefill from about 60 to up to 103 ms from round to round, and two identical
+# servers then read up to 30% apart (docs/bench.md, "What the harness resolves").
 # Writes to $OUT: <tag>.json per call, tests.log, and one calls_logs.tar.gz of every call's
 # logs (a device machine returns at most 8 files).
 set -uo pipefail
