@@ -77,7 +77,7 @@ def test_the_block_call_runs_the_headline_workload_in_six_rotating_rounds_of_100
 
 def test_the_twin_call_runs_the_block_call_with_a_second_identical_floor():
     twin, blocks = plan.get_call("mixed-skewed-blocks-twin"), plan.get_call("mixed-skewed-blocks")
-    assert (twin.points, twin.repeats, twin.scale_requests) == (blocks.points, blocks.repeats, blocks.scale_requests)
+    assert (twin.points, twin.scale_requests) == (blocks.points, blocks.scale_requests) and twin.repeats == 5
     assert twin.systems == ("nolora", "nolora_twin", "vlora", "csgmv")
     floor, other = plan.SYSTEMS["nolora"], plan.SYSTEMS["nolora_twin"]
     assert (other.lora, other.plugin, other.flags()) == (floor.lora, floor.plugin, floor.flags())
