@@ -448,8 +448,9 @@ def paired_means(runs: Sequence[dict[str, Any]], point: str, system: str, peer: 
     return [(means[system], means[peer]) for means in round_means(runs, point) if {system, peer} <= set(means)]
 
 
-def _paired(figure: str) -> Callable[..., list[tuple[float, float]]]:
-    return paired_lora_costs if figure == "lora_cost" else paired_means
+# The rounds behind each headline figure's interval.
+PAIRED_ROUNDS: dict[str, Callable[..., list[tuple[float, float]]]] = {
+    "lora_cost": paired_lora_costs, "e2e_mean": paired_means}
 
 
 def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
@@ -486,7 +487,7 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
     costs = {(p, r): _ratio_of_means(agg[p], r[1], r[2], r[0]) for p in points for r in HEADLINE_RATIOS}
-    spans = {(p, r): ratio_interval(_paired(r[0])(runs, p, r[1], r[2])) for p in points for r in HEADLINE_RATIOS}
+    spans = {(p, r): ratio_interval(PAIRED_ROUNDS[r[0]](runs, p, r[1], r[2])) for p in points for r in HEADLINE_RATIOS}
     pairs = [r for r in HEADLINE_RATIOS if r == HEADLINE_RATIOS[0] or any(costs[p, r] is not None for p in points)]
     names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's",
              "nolora_twin": "the floor's twin's", plan.FLOOR: "the floor's"}
