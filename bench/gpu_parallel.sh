@@ -12,7 +12,8 @@
 # systems of a call; compare systems within a call, not the same system across calls. Do not put a
 # text call beside a vision call: the vision call's image work on the host's CPUs moved a text
 # call's floor prefill from about 60 to up to 103 ms from round to round, and two identical
-# servers then read up to 30% apart (docs/bench.md, "What the harness resolves").
+# servers then read up to 30% apart (docs/bench.md, "What the harness resolves"): such a pair is
+# refused unless E2E_ALLOW_MIXED=1 (python3 bench/run_e2e.py parallel-check, before anything starts).
 # Writes to $OUT: <tag>.json per call, tests.log, and one calls_logs.tar.gz of every call's
 # logs (a device machine returns at most 8 files).
 set -uo pipefail
@@ -29,6 +30,8 @@ if [ "$#" -gt "$GPUS" ]; then
   exit 2
 fi
 if [ -f .sgc/device_env.sh ]; then source .sgc/device_env.sh; fi  # installs once, before the calls race
+# Call lines run would refuse, or a text call beside a vision call: refused before anything starts.
+python3 bench/run_e2e.py parallel-check ${E2E_ALLOW_MIXED:+--allow-mixed} -- "$@" || exit 2
 # The model and adapters every call reads, built once: calls building them at the same time
 # would write the same files.
 python3 bench/run_e2e.py prepare --scale gpu || exit 1

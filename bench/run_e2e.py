@@ -5,6 +5,7 @@
     python bench/run_e2e.py run --call mixed-skewed       # one GPU call (< 10 min): 3 servers, 6 measurements
     python bench/run_e2e.py report bench/results/e2e/*.json --readme README.md   # -> bench/results/e2e_h200.*
     python bench/run_e2e.py stamp                         # record the git revision before sending the tree
+    python bench/run_e2e.py parallel-check 'CALL ...' ...  # bench/gpu_parallel.sh's check of its call lines
 
 ``run`` writes ``<out>/<tag>.json`` after every measurement; ``report`` merges any number of
 such files (repeats of a (system, point) across calls add up) into ``<out>.json``, writes
@@ -60,6 +61,29 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     budget = args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S[call.scale]
     extra = plan.server_args(call, args.server_args)
     return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force)
+
+
+def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
+    """Refuse, before anything starts, call lines of bench/gpu_parallel.sh that ``run`` would
+    refuse, and a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load."""
+    loads = {}
+    for line in args.lines:
+        words = line.split()
+        if not words or words[0] == "test-gpu":
+            continue
+        run = parse_args(["run", "--call", *words])
+        try:
+            call = plan.get_call(run.call, run.systems or (), run.points or (), run.repeats)
+        except ValueError as e:
+            raise SystemExit(f"error: {line!r}: {e}") from None
+        loads[line] = plan.host_load(call)
+    if len(set(loads.values())) > 1 and not args.allow_mixed:
+        named = "; ".join(f"{line!r}: {load}" for line, load in loads.items())
+        raise SystemExit(f"error: text and vision calls side by side ({named}). The vision call's image work "
+                         "on the shared CPUs moves the text call's host-bound prefills (docs/bench.md, \"What the "
+                         "harness resolves\"): run them on separate machines, or pass --allow-mixed "
+                         "(gpu_parallel.sh: E2E_ALLOW_MIXED=1)")
+    return {"host_loads": loads}
 
 
 def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,6 +158,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("calls", help="list the calls").set_defaults(func=cmd_calls)
     sub.add_parser("stamp", help="write .cache/bench/git_stamp.json").set_defaults(func=cmd_stamp)
+    pc = sub.add_parser("parallel-check", help="check bench/gpu_parallel.sh's call lines before anything starts")
+    pc.add_argument("lines", nargs="+", help="call lines, each 'CALL [run flags]' (test-gpu lines are skipped)")
+    pc.add_argument("--allow-mixed", action="store_true", help="allow text and vision calls side by side")
+    pc.set_defaults(func=cmd_parallel_check)
     pr = sub.add_parser("prepare", help="build a scale's model and adapters once (before parallel calls)")
     pr.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
     pr.set_defaults(func=cmd_prepare)

@@ -319,6 +319,16 @@ def _flag_groups(args: Sequence[str]) -> list[list[str]]:
     return groups
 
 
+def host_load(call: Call) -> str:
+    """``vision`` where any point of ``call`` sends images or video (the servers decode and
+    preprocess them on the host's CPUs), else ``text``. Two calls side by side share the host:
+    beside a vision call, a text call's unqueued floor prefill moved between 62 and 103 ms from
+    round to round, against 58-73 ms beside a text call (docs/bench.md, "What the harness
+    resolves")."""
+    points = points_of(call.scale)
+    return "vision" if any(points[p].client != "sglang" for p in call.points) else "text"
+
+
 def flag_value(flags: Sequence[str], flag: str) -> str | None:
     """The last value given to ``flag`` in server flags (``--flag value`` or ``--flag=value``);
     None if it is absent or has no value."""

@@ -40,3 +40,41 @@ def test_prepare_builds_the_scale_assets_once_for_every_call():
     for folder in built["adapters"].values():
         assert Path(folder, "adapter_config.json").is_file()
     assert run_e2e.main(["prepare", "--scale", "cpu"]) == built  # built already: the same files
+
+
+def test_the_host_load_of_a_call_is_vision_when_any_point_sends_images():
+    from bench.e2e import plan
+
+    assert plan.host_load(plan.get_call("mixed-skewed-blocks-twin")) == "text"
+    assert plan.host_load(plan.get_call("decode")) == "text"
+    assert plan.host_load(plan.get_call("vision-skewed-blocks")) == "vision"
+    assert plan.host_load(plan.get_call("video")) == "vision"
+    short = plan.get_call("short")  # sgl-mixed and vision-skewed
+    assert plan.host_load(short) == "vision"
+    assert plan.host_load(plan.get_call("short", points=["sgl-mixed"])) == "text"
+
+
+def test_parallel_check_refuses_a_text_call_beside_a_vision_call_and_bad_lines(capsys):
+    from bench import run_e2e
+
+    text, vision = "mixed-skewed-blocks-twin --seed 70 --budget-s 490", "vision-skewed-blocks --seed 71"
+    with pytest.raises(SystemExit, match="text and vision calls side by side"):
+        run_e2e.main(["parallel-check", "--", text, vision])
+    assert run_e2e.main(["parallel-check", "--allow-mixed", "--", text, vision])["host_loads"] == {
+        text: "text", vision: "vision"}
+    both_text = run_e2e.main(["parallel-check", "--", text, "decode --systems nolora unmerge_only csgmv", "test-gpu"])
+    assert set(both_text["host_loads"].values()) == {"text"} and "test-gpu" not in both_text["host_loads"]
+    assert run_e2e.main(["parallel-check", "--", vision, "video --seed 2"])["host_loads"][vision] == "vision"
+    with pytest.raises(SystemExit, match="'nope' is not a call"):
+        run_e2e.main(["parallel-check", "--", "nope --seed 1"])
+    with pytest.raises(SystemExit, match="'short --points sgl-nothing': --points: 'sgl-nothing' is not a gpu point"):
+        run_e2e.main(["parallel-check", "--", "short --points sgl-nothing"])
+    with pytest.raises(SystemExit):  # a flag run does not know: argparse's usage error
+        run_e2e.main(["parallel-check", "--", "decode --sed 3"])
+    assert "unrecognized arguments: --sed 3" in capsys.readouterr().err
+
+
+def test_gpu_parallel_checks_the_call_lines_before_it_builds_or_starts_anything():
+    script = SCRIPT.read_text()
+    check = script.index('\npython3 bench/run_e2e.py parallel-check ${E2E_ALLOW_MIXED:+--allow-mixed} -- "$@" || exit 2')
+    assert check < script.index("\npython3 bench/run_e2e.py prepare") < script.index('bash bench/gpu_e2e.sh "${words')
