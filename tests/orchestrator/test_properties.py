@@ -230,17 +230,23 @@ def top_adapter(state: SchedulerState, counts: dict[str, int]) -> str | None:
     return min(a for a, n in counts.items() if n == most)
 
 
+# a merged, nothing running, one request of b waiting and one pool slot: line 5 wants b merged
+B_WANTS_THE_ONLY_SLOT = hand_built(0.0, [req("r0", "b", 0.0)], [], Mode.MERGE, "a")
+
+
 @settings(max_examples=200, deadline=None)
 @given(state=states(switched=True, history=True), config=configs, cost=cost_models())
 @example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="plurality"), cost=cost_model())
 @example(state=A_PLURALITY, config=PolicyConfig(0.6, 5, keep_merged="majority"), cost=cost_model())
+@example(state=B_WANTS_THE_ONLY_SLOT, config=PolicyConfig(0.0, 1, adapter_slots=1), cost=cost_model())
 def test_vlora_reasons_name_what_decided(state, config, cost):
     """The reason is the condition that decided: which half of line 5 failed, that the top
     adapter is not popular (at most half of the recent arrivals, entering a merge), that
     keep_merged "plurality" kept the merged adapter (still the most requested, at most half
     of max batch starving), that "popular" kept it (more than half of the recorded arrivals,
     at most half of max batch starving elsewhere), or that the slots or the switch budget kept the current weights
-    (then they are kept)."""
+    (then they are kept), or that the adapter to merge found no slot with nothing running (then
+    the weights unmerge to free one)."""
     decision = make_policy("vlora", config, cost).decide(state)
     if not state.requests:
         return
@@ -275,6 +281,9 @@ def test_vlora_reasons_name_what_decided(state, config, cost):
         return
     if decision.reason in (reasons.KEPT_NO_SLOT, reasons.KEPT_SWITCH_BUDGET):
         assert decision.adapter == state.merged
+        return
+    if decision.reason == reasons.FREE_SLOT:  # line 5 wanted another adapter merged: no slot, nothing runs
+        assert enters and top != state.merged and decision.adapter is None and not state.running
         return
     assert (decision.reason == reasons.MERGE) == (decision.adapter is not None)
     assert (decision.reason == reasons.MERGE) == enters
