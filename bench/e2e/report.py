@@ -453,6 +453,13 @@ PAIRED_ROUNDS: dict[str, Callable[..., list[tuple[float, float]]]] = {
     "lora_cost": paired_lora_costs, "e2e_mean": paired_means}
 
 
+def paired_ratio(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """sum(a) / sum(b) over the rounds ``pairs``: the figure :func:`ratio_interval` brackets.
+    None without rounds or where the peer's sum is not positive."""
+    theirs = sum(b for _, b in pairs)
+    return sum(a for a, _ in pairs) / theirs if pairs and theirs > 0 else None
+
+
 def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
                    level: float = 0.95) -> tuple[float, float] | None:
     """A percentile bootstrap interval of sum(a) / sum(b) over the rounds ``pairs`` (resampled
@@ -486,15 +493,17 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     labels = {pid: p["label"] for r in runs for pid, p in r["points"].items()}
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
-    costs = {(p, r): _ratio_of_means(agg[p], r[1], r[2], r[0]) for p in points for r in HEADLINE_RATIOS}
-    spans = {(p, r): ratio_interval(PAIRED_ROUNDS[r[0]](runs, p, r[1], r[2])) for p in points for r in HEADLINE_RATIOS}
+    rounds = {(p, r): PAIRED_ROUNDS[r[0]](runs, p, r[1], r[2]) for p in points for r in HEADLINE_RATIOS}
+    costs = {key: paired_ratio(pairs) for key, pairs in rounds.items()}
+    spans = {key: ratio_interval(pairs) for key, pairs in rounds.items()}
     pairs = [r for r in HEADLINE_RATIOS if r == HEADLINE_RATIOS[0] or any(costs[p, r] is not None for p in points)]
     names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's",
              "nolora_twin": "the floor's twin's", plan.FLOOR: "the floor's"}
     figures = {"lora_cost": "LoRA cost", "e2e_mean": "mean E2E"}
-    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). Ratios: of the means over repeats (LoRA "
-             "cost: over the floor of the same round), and in brackets a 95% bootstrap interval over the rounds "
-             f"that measured both systems (and the floor; 3 or more). {provenance_line(runs)} Source: {source}.",
+    lines = [f"Mean E2E latency in ms, mean over repeats (min-max). Ratios: of the sums over the rounds that "
+             "measured both systems (and, for a LoRA cost, the floor, each round's cost over its own floor), and "
+             "in brackets a 95% bootstrap interval over those rounds (3 or more). "
+             f"{provenance_line(runs)} Source: {source}.",
              "", "| point | " + " | ".join(systems) + " | "
              + " | ".join(f"{names[a]} {figures[f]} / {names[b]}" for f, a, b in pairs) + " |",
              "|---|" + "---|" * (len(systems) + len(pairs))]

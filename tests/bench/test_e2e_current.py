@@ -111,6 +111,24 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
     assert row.endswith(f"| 0.75 ({lo:.2f} to {hi:.2f}) |") and lo < 0.75 < hi
 
 
+def test_a_headline_ratio_is_of_the_rounds_its_interval_resamples():
+    """Ours in five rounds, triton in three of them: the ratio is over those three, not ours'
+    mean over five against triton's over three (here 0.16 against 0.25)."""
+    runs = [_run(f"r{i}", "a" * 40, lora_ms=ms) for i, ms in enumerate((810.0, 810.0, 900.0, 900.0, 900.0))]
+    for run in runs[2:]:
+        run["measurements"].append({**run["measurements"][2], "system": "triton",
+                                    "metrics": {**run["measurements"][2]["metrics"],
+                                                "e2e_ms": {"mean": 1200.0, "p99": 2400.0}}})
+    pairs = report.paired_lora_costs(runs, "sgl-mixed", "vlora", "triton")
+    assert pairs == [(100.0, 400.0)] * 3
+    assert report.paired_ratio(pairs) == 0.25
+    assert report.paired_ratio([]) is None and report.paired_ratio([(5.0, -1.0)]) is None
+    row = next(line for line in report.headline(runs, "test").splitlines() if line.startswith("| 1024 in / 64 out"))
+    assert "| 0.25 (0.25 to 0.25) |" in row
+    agg = report.aggregate(runs)  # the ratio of means the table showed before
+    assert agg["sgl-mixed"]["vlora"]["lora_cost"]["values"] == [10.0, 10.0, 100.0, 100.0, 100.0]
+
+
 def test_the_floors_twin_reads_the_harness_resolution_beside_the_targets():
     runs = [_run(f"r{i}", "a" * 40) for i in range(4)]
     for run, twin_ms in zip(runs, (780.0, 820.0, 800.0, 840.0), strict=True):  # the floor reads 800 in every round
