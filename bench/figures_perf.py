@@ -269,10 +269,12 @@ def perf_e2e_lora_cost(merged: dict[str, Any]) -> str:
         label = next(p["label"] for run in merged["runs"] for pid, p in run["points"].items() if pid == point)
         cells = [e2e_report._cell((systems.get(s) or {}).get("lora_cost"), 1) for s in ("csgmv", "triton",
                                                                                        "unmerge_only")]
-        ours, theirs = (e2e_report._mean(systems, s, "lora_cost") for s in ("unmerge_only", "csgmv"))
-        ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
-        lines.append(f"| {label} | {' | '.join(cells)} | {ratio} |")
-    return "\n".join(lines) + "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats)."
+        pairs = e2e_report.paired_lora_costs(merged["runs"], point, "unmerge_only", "csgmv")
+        lines.append(f"| {label} | {' | '.join(cells)} | {e2e_report.ratio_cell(pairs)} |")
+    return "\n".join(lines) + (
+        "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats). "
+        "atmm / csgmv: of the sums over the rounds that ran both and the floor, with a 95% bootstrap "
+        "interval over those rounds (where there is none, how many rounds).")
 
 
 def _adds_ms(profile: dict[str, Any], system: str, scenarios: tuple[str, ...]) -> list[float]:

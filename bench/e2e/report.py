@@ -480,10 +480,17 @@ def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
 
 
-def _ratio_cell(ratio: float | None, interval: tuple[float, float] | None) -> str:
+def ratio_cell(pairs: Sequence[tuple[float, float]]) -> str:
+    """A table cell for the rounds ``pairs``: their ratio with its interval, or, where
+    :func:`ratio_interval` gives none (under 3 rounds, or a resample in which the peer cost
+    nothing), with how many rounds it rests on; "-" without a ratio."""
+    ratio = paired_ratio(pairs)
     if ratio is None:
         return "-"
-    return f"{ratio:.2f}" + (f" ({interval[0]:.2f} to {interval[1]:.2f})" if interval else "")
+    interval = ratio_interval(pairs)
+    if interval:
+        return f"{ratio:.2f} ({interval[0]:.2f} to {interval[1]:.2f})"
+    return f"{ratio:.2f} ({len(pairs)} round{'s' if len(pairs) > 1 else ''})"
 
 
 def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
@@ -494,15 +501,15 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     points = [p for base in HEADLINE_POINTS for p in sorted(agg) if p == base or p.startswith(f"{base} [")]
     systems = [s for s in HEADLINE_SYSTEMS if any(s in agg[p] for p in points)]
     rounds = {(p, r): PAIRED_ROUNDS[r[0]](runs, p, r[1], r[2]) for p in points for r in HEADLINE_RATIOS}
-    costs = {key: paired_ratio(pairs) for key, pairs in rounds.items()}
-    spans = {key: ratio_interval(pairs) for key, pairs in rounds.items()}
-    pairs = [r for r in HEADLINE_RATIOS if r == HEADLINE_RATIOS[0] or any(costs[p, r] is not None for p in points)]
+    pairs = [r for r in HEADLINE_RATIOS
+             if r == HEADLINE_RATIOS[0] or any(paired_ratio(rounds[p, r]) is not None for p in points)]
     names = {"vlora": "ours'", "unmerge_only": "unmerge-only's", "csgmv": "csgmv's", "triton": "triton's",
              "nolora_twin": "the floor's twin's", plan.FLOOR: "the floor's"}
     figures = {"lora_cost": "LoRA cost", "e2e_mean": "mean E2E"}
     lines = [f"Mean E2E latency in ms, mean over repeats (min-max). Ratios: of the sums over the rounds that "
              "measured both systems (and, for a LoRA cost, the floor, each round's cost over its own floor), and "
-             "in brackets a 95% bootstrap interval over those rounds (3 or more). "
+             "in brackets a 95% bootstrap interval over those rounds (where there is none: under 3 rounds, or a peer "
+             "that cost nothing in some resample, how many rounds). "
              f"{provenance_line(runs)} Source: {source}.",
              "", "| point | " + " | ".join(systems) + " | "
              + " | ".join(f"{names[a]} {figures[f]} / {names[b]}" for f, a, b in pairs) + " |",
@@ -510,7 +517,7 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     for point in points:
         cells = [_cell(agg[point].get(s, {}).get("e2e_mean")).replace(", n=", "; n=") for s in systems]
         lines.append(f"| {labels.get(point, point)} | " + " | ".join(cells) + " | "
-                     + " | ".join(_ratio_cell(costs[point, pair], spans[point, pair]) for pair in pairs) + " |")
+                     + " | ".join(ratio_cell(rounds[point, pair]) for pair in pairs) + " |")
     speeds = _speedup_lines(agg)
     if speeds:
         lines += ["", *speeds]

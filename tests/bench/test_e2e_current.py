@@ -129,6 +129,35 @@ def test_a_headline_ratio_is_of_the_rounds_its_interval_resamples():
     assert agg["sgl-mixed"]["vlora"]["lora_cost"]["values"] == [10.0, 10.0, 100.0, 100.0, 100.0]
 
 
+def test_a_ratio_cell_says_how_many_rounds_it_rests_on_without_an_interval():
+    assert report.ratio_cell([]) == "-"
+    assert report.ratio_cell([(5.0, -1.0)]) == "-"
+    assert report.ratio_cell([(5.0, 50.0)]) == "0.10 (1 round)"
+    assert report.ratio_cell([(-65.0, 160.0), (73.0, 258.0)]) == "0.02 (2 rounds)"
+    pairs = [(10.0, 40.0)] * 3
+    assert report.ratio_cell(pairs) == "0.25 (0.25 to 0.25)"
+    # three rounds, but in some resample the peer cost nothing over the floor: no interval
+    assert report.ratio_cell([(5.0, 10.0), (5.0, -1.0), (5.0, 1.0)]) == "1.50 (3 rounds)"
+
+
+def test_atmm_alone_against_csgmv_in_the_perf_table_is_over_paired_rounds():
+    """The README's perf-e2e-lora-cost block: unmerge-only in two rounds, csgmv in four, dearer
+    in the two without unmerge-only (by means the ratio would read 30 / 600 = 0.05)."""
+    from bench import figures_perf
+
+    runs = [_run(f"r{i}", "a" * 40) for i in range(4)]
+    for run in runs[2:]:
+        run["measurements"][2]["metrics"] = {**run["measurements"][2]["metrics"],
+                                             "e2e_ms": {"mean": 1600.0, "p99": 3200.0}}
+    for run, ms in zip(runs[:2], (820.0, 840.0), strict=True):
+        run["measurements"].append({**run["measurements"][1], "system": "unmerge_only",
+                                    "metrics": {**run["measurements"][1]["metrics"],
+                                                "e2e_ms": {"mean": ms, "p99": 2 * ms}}})
+    block = figures_perf.perf_e2e_lora_cost({"runs": runs})
+    row = next(line for line in block.splitlines() if line.startswith("| 1024 in / 64 out"))
+    assert row.endswith("| 0.07 (2 rounds) |")  # (20 + 40) / (400 + 400)
+
+
 def test_the_floors_twin_reads_the_harness_resolution_beside_the_targets():
     runs = [_run(f"r{i}", "a" * 40) for i in range(4)]
     for run, twin_ms in zip(runs, (780.0, 820.0, 800.0, 840.0), strict=True):  # the floor reads 800 in every round

@@ -256,7 +256,7 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
     first = report.put_headline(text, figures_e2e.block_text(combined))
     assert first.startswith("intro\n<!-- figures:e2e-headline -->\n") and first.endswith("-->\nafter\n")
     assert "no results yet" not in first
-    assert "| 1024 in / 64 out | 800 (n=1) | 900 (n=1) | 1200 (n=1) | 0.25 |" in first
+    assert "| 1024 in / 64 out | 800 (n=1) | 900 (n=1) | 1200 (n=1) | 0.25 (1 round) |" in first
     assert "aaaaaaaaaa DIRTY" in first and "WARNING" in first
     assert "From `bench/results/e2e_h200.json`" in first and "(uncommitted changes)" in first
     # The figures block, as bench/report.py finds it, is rewritten in place the next time.
