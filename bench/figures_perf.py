@@ -274,7 +274,7 @@ def perf_e2e_lora_cost(merged: dict[str, Any]) -> str:
     return "\n".join(lines) + (
         "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats). "
         "atmm / csgmv: of the sums over the rounds that ran both and the floor, with a 95% bootstrap "
-        "interval over those rounds (where there is none, how many rounds).")
+        "interval over those rounds, drawing whole request traces (where there is none, how many rounds).")
 
 
 def _adds_ms(profile: dict[str, Any], system: str, scenarios: tuple[str, ...]) -> list[float]:

@@ -22,7 +22,7 @@ import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import provenance
 from bench.e2e import plan, servers
@@ -422,75 +422,112 @@ HEADLINE_RATIOS = (("lora_cost", "vlora", "csgmv"), ("lora_cost", "vlora", "trit
                    ("e2e_mean", "nolora_twin", plan.FLOOR))
 
 
-def round_means(runs: Sequence[dict[str, Any]], point: str) -> list[dict[str, float]]:
-    """Per round (one call's repeat) at ``point``: each system's mean E2E ms."""
+class PairedRound(NamedTuple):
+    """One round's two figures (LoRA costs or mean E2E ms: ours and the peer's) and the request
+    trace it ran. A round's requests (arrivals, prompts, adapters) come from the client's seed,
+    the call's ``--seed`` plus the round's index, so calls whose seeds lie within their rounds
+    of each other run some traces more than once; such rounds are not independent draws of the
+    workload. ``trace`` is None where the round's seed is not known."""
+    ours: float
+    peer: float
+    trace: int | None = None
+
+
+def round_trace(run: dict[str, Any], measurement: dict[str, Any]) -> int | None:
+    """The client seed of ``measurement``'s round: recorded since the runner writes it, else the
+    runner's rule (the call's seed plus the round's index); None where the call's seed is unknown."""
+    if measurement.get("trace_seed") is not None:
+        return measurement["trace_seed"]
+    seed = (run.get("setup") or {}).get("seed")
+    return None if seed is None else seed + measurement["repeat"]
+
+
+def round_means(runs: Sequence[dict[str, Any]], point: str) -> list[tuple[int | None, dict[str, float]]]:
+    """Per round (one call's repeat) at ``point``: its request trace (:func:`round_trace`) and
+    each system's mean E2E ms."""
     out = []
     for run in runs:
         by_repeat: dict[int, dict[str, float]] = defaultdict(dict)
+        traces: dict[int, int | None] = {}
         for m in run["measurements"]:
             mean = (m.get("metrics") or {}).get("e2e_ms", {}).get("mean")
             if m.get("status") == "ok" and m["point"] == point and mean is not None:
                 by_repeat[m["repeat"]][m["system"]] = mean
-        out += by_repeat.values()
+                traces[m["repeat"]] = round_trace(run, m)
+        out += [(traces[repeat], means) for repeat, means in by_repeat.items()]
     return out
 
 
 def paired_lora_costs(runs: Sequence[dict[str, Any]], point: str, system: str,
-                      peer: str) -> list[tuple[float, float]]:
+                      peer: str) -> list[PairedRound]:
     """Per round that measured the floor, ``system`` and ``peer`` at ``point``: their two LoRA
     costs over that round's floor."""
-    return [(means[system] - means[plan.FLOOR], means[peer] - means[plan.FLOOR])
-            for means in round_means(runs, point) if {plan.FLOOR, system, peer} <= set(means)]
+    return [PairedRound(means[system] - means[plan.FLOOR], means[peer] - means[plan.FLOOR], trace)
+            for trace, means in round_means(runs, point) if {plan.FLOOR, system, peer} <= set(means)]
 
 
-def paired_means(runs: Sequence[dict[str, Any]], point: str, system: str, peer: str) -> list[tuple[float, float]]:
+def paired_means(runs: Sequence[dict[str, Any]], point: str, system: str, peer: str) -> list[PairedRound]:
     """Per round that measured ``system`` and ``peer`` at ``point``: their two mean E2E ms."""
-    return [(means[system], means[peer]) for means in round_means(runs, point) if {system, peer} <= set(means)]
+    return [PairedRound(means[system], means[peer], trace)
+            for trace, means in round_means(runs, point) if {system, peer} <= set(means)]
 
 
 # The rounds behind each headline figure's interval.
-PAIRED_ROUNDS: dict[str, Callable[..., list[tuple[float, float]]]] = {
+PAIRED_ROUNDS: dict[str, Callable[..., list[PairedRound]]] = {
     "lora_cost": paired_lora_costs, "e2e_mean": paired_means}
 
 
-def paired_ratio(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """sum(a) / sum(b) over the rounds ``pairs``: the figure :func:`ratio_interval` brackets.
+def paired_ratio(rounds: Sequence[PairedRound]) -> float | None:
+    """sum(ours) / sum(peer) over ``rounds``: the figure :func:`ratio_interval` brackets.
     None without rounds or where the peer's sum is not positive."""
-    theirs = sum(b for _, b in pairs)
-    return sum(a for a, _ in pairs) / theirs if pairs and theirs > 0 else None
+    theirs = sum(r.peer for r in rounds)
+    return sum(r.ours for r in rounds) / theirs if rounds and theirs > 0 else None
 
 
-def ratio_interval(pairs: Sequence[tuple[float, float]], resamples: int = 2000,
+def trace_groups(rounds: Sequence[PairedRound]) -> list[tuple[float, float]]:
+    """``rounds`` summed per request trace, (sum of ours, sum of the peer's) each: the units a
+    bootstrap may draw independently. A round of unknown trace is a group of its own."""
+    groups: dict[Any, list[float]] = {}
+    for i, r in enumerate(rounds):
+        group = groups.setdefault(("round", i) if r.trace is None else r.trace, [0.0, 0.0])
+        group[0] += r.ours
+        group[1] += r.peer
+    return [(ours, peer) for ours, peer in groups.values()]
+
+
+def ratio_interval(rounds: Sequence[PairedRound], resamples: int = 2000,
                    level: float = 0.95) -> tuple[float, float] | None:
-    """A percentile bootstrap interval of sum(a) / sum(b) over the rounds ``pairs`` (resampled
-    whole, so each round's two costs stay together); None under 3 rounds or where a resample's
-    peer cost is not positive. Seeded: the same rounds give the same interval."""
-    if len(pairs) < 3:
+    """A percentile bootstrap interval of sum(ours) / sum(peer) over ``rounds``, drawing whole
+    request traces (:func:`trace_groups`: each round's two figures, and the rounds of one trace,
+    stay together); None under 3 traces or where a resample's peer sum is not positive. Seeded:
+    the same rounds give the same interval."""
+    groups = trace_groups(rounds)
+    if len(groups) < 3:
         return None
     rng = random.Random(0)
     values = []
     for _ in range(resamples):
-        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        theirs = sum(b for _, b in sample)
+        sample = [groups[rng.randrange(len(groups))] for _ in groups]
+        theirs = sum(peer for _, peer in sample)
         if theirs <= 0:
             return None
-        values.append(sum(a for a, _ in sample) / theirs)
+        values.append(sum(ours for ours, _ in sample) / theirs)
     values.sort()
     tail = (1 - level) / 2
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
 
 
-def ratio_cell(pairs: Sequence[tuple[float, float]]) -> str:
-    """A table cell for the rounds ``pairs``: their ratio with its interval, or, where
-    :func:`ratio_interval` gives none (under 3 rounds, or a resample in which the peer cost
+def ratio_cell(rounds: Sequence[PairedRound]) -> str:
+    """A table cell for ``rounds``: their ratio with its interval, or, where
+    :func:`ratio_interval` gives none (under 3 traces, or a resample in which the peer cost
     nothing), with how many rounds it rests on; "-" without a ratio."""
-    ratio = paired_ratio(pairs)
+    ratio = paired_ratio(rounds)
     if ratio is None:
         return "-"
-    interval = ratio_interval(pairs)
+    interval = ratio_interval(rounds)
     if interval:
         return f"{ratio:.2f} ({interval[0]:.2f} to {interval[1]:.2f})"
-    return f"{ratio:.2f} ({len(pairs)} round{'s' if len(pairs) > 1 else ''})"
+    return f"{ratio:.2f} ({len(rounds)} round{'s' if len(rounds) > 1 else ''})"
 
 
 def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
@@ -508,8 +545,9 @@ def headline(runs: Sequence[dict[str, Any]], source: str) -> str:
     figures = {"lora_cost": "LoRA cost", "e2e_mean": "mean E2E"}
     lines = [f"Mean E2E latency in ms, mean over repeats (min-max). Ratios: of the sums over the rounds that "
              "measured both systems (and, for a LoRA cost, the floor, each round's cost over its own floor), and "
-             "in brackets a 95% bootstrap interval over those rounds (where there is none: under 3 rounds, or a peer "
-             "that cost nothing in some resample, how many rounds). "
+             "in brackets a 95% bootstrap interval over those rounds, drawing whole request traces (rounds that ran "
+             "the same client seed are drawn together; where there is none: under 3 traces, or a peer that cost "
+             "nothing in some resample, how many rounds). "
              f"{provenance_line(runs)} Source: {source}.",
              "", "| point | " + " | ".join(systems) + " | "
              + " | ".join(f"{names[a]} {figures[f]} / {names[b]}" for f, a, b in pairs) + " |",

@@ -185,8 +185,9 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
             entry.update(status="skipped", reason="time budget of the call (--budget-s) spent")
             continue
         entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)
+        entry["trace_seed"] = seed + m.repeat  # the round's requests: the same for every system of the round
         try:
-            entry.update(measure_one(server, system, point, names, seed + m.repeat, clients))
+            entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients))
         except Exception as e:  # a client failure is this measurement's, not the call's
             entry.update(status="failed", reason=f"{type(e).__name__}: {e}"[:2000])
         print(_line(m, entry), flush=True)

@@ -79,16 +79,57 @@ def test_package_tree_needs_a_revision_git_knows():
     assert provenance.package_tree("f" * 40) is None
 
 
+def _rounds(*figures: tuple[float, float]) -> list[report.PairedRound]:
+    """Rounds of distinct (unknown) traces."""
+    return [report.PairedRound(ours, peer) for ours, peer in figures]
+
+
 def test_the_ratio_interval_resamples_whole_rounds_and_needs_three():
-    assert report.ratio_interval([(10.0, 40.0), (20.0, 40.0)]) is None
-    same = [(10.0, 40.0)] * 5
+    assert report.ratio_interval(_rounds((10.0, 40.0), (20.0, 40.0))) is None
+    same = _rounds(*[(10.0, 40.0)] * 5)
     assert report.ratio_interval(same) == (0.25, 0.25)
-    spread = [(0.0, 40.0), (10.0, 40.0), (20.0, 40.0), (30.0, 40.0), (40.0, 40.0)]
+    spread = _rounds((0.0, 40.0), (10.0, 40.0), (20.0, 40.0), (30.0, 40.0), (40.0, 40.0))
     lo, hi = report.ratio_interval(spread)
     assert 0.0 < lo < 0.5 < hi < 1.0
     assert report.ratio_interval(spread) == (lo, hi)  # seeded
     # a peer that cost nothing over the floor in some resample: no interval
-    assert report.ratio_interval([(5.0, 0.0), (5.0, -1.0), (5.0, 0.5)]) is None
+    assert report.ratio_interval(_rounds((5.0, 0.0), (5.0, -1.0), (5.0, 0.5))) is None
+
+
+def _call(seed: int | None, costs: list[tuple[float, float]]) -> dict:
+    """A call of ``len(costs)`` rounds: the floor at 800 ms, ours and csgmv at 800 + their costs."""
+    run = _run(f"seed{seed}", "a" * 40)
+    run["setup"] = {"seed": seed}
+    run["measurements"] = [
+        {**m, "repeat": repeat, "metrics": {**m["metrics"], "e2e_ms": {"mean": 800.0 + cost, "p99": 2000.0}}}
+        for repeat, (ours, csgmv) in enumerate(costs)
+        for m, cost in zip(run["measurements"], (0.0, ours, csgmv), strict=True)]
+    return run
+
+
+def test_rounds_of_one_request_trace_are_drawn_together():
+    """Calls with seeds 80 and 81 share the trace of seed 81 (a round's client seed is the
+    call's seed plus its index): four rounds of three traces, and the two rounds of trace 81
+    are one unit of the bootstrap, summed."""
+    runs = [_call(80, [(10.0, 100.0), (300.0, 400.0)]), _call(81, [(200.0, 400.0), (20.0, 100.0)])]
+    rounds = report.paired_lora_costs(runs, "sgl-mixed", "vlora", "csgmv")
+    assert rounds == [(10.0, 100.0, 80), (300.0, 400.0, 81), (200.0, 400.0, 81), (20.0, 100.0, 82)]
+    assert report.trace_groups(rounds) == [(10.0, 100.0), (500.0, 800.0), (20.0, 100.0)]
+    assert report.paired_ratio(rounds) == 0.53
+    lo, hi = report.ratio_interval(rounds)
+    assert 0.1 <= lo < 0.53 < hi <= 0.625  # 500 / 800 with trace 81 in every draw
+    # drawn round by round instead, trace 81's two rounds could be drawn apart: a wider interval
+    apart = report.ratio_interval(_rounds(*[(r.ours, r.peer) for r in rounds]))
+    assert apart[1] > hi
+    # two traces only: no interval, and the cell says how many rounds
+    two = report.paired_lora_costs([_call(80, [(10.0, 100.0), (300.0, 400.0)]), _call(80, [(20.0, 100.0)])],
+                                   "sgl-mixed", "vlora", "csgmv")
+    assert report.ratio_interval(two) is None and report.ratio_cell(two) == "0.55 (3 rounds)"
+    # a trace seed the runner recorded wins over the rule; a call without a seed has no traces
+    recorded = _call(80, [(10.0, 100.0)])
+    recorded["measurements"] = [{**m, "trace_seed": 7} for m in recorded["measurements"]]
+    assert report.round_trace(recorded, recorded["measurements"][0]) == 7
+    assert report.paired_lora_costs([_call(None, [(10.0, 100.0)])], "sgl-mixed", "vlora", "csgmv")[0].trace is None
 
 
 def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_rounds():
@@ -98,7 +139,7 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
                                     "metrics": {**run["measurements"][2]["metrics"],
                                                 "e2e_ms": {"mean": 1000.0, "p99": 2000.0}}})
     pairs = report.paired_lora_costs(runs, "sgl-mixed", "vlora", "csgmv")
-    assert pairs == [(80.0, 400.0), (100.0, 400.0), (120.0, 400.0)]
+    assert pairs == [(80.0, 400.0, None), (100.0, 400.0, None), (120.0, 400.0, None)]  # traces unknown
     table = report.headline(runs, "test")
     header = next(line for line in table.splitlines() if line.startswith("| point"))
     assert header.endswith("| ours' LoRA cost / csgmv's | ours' LoRA cost / triton's | ours' mean E2E / csgmv's |")
@@ -106,7 +147,7 @@ def test_the_headline_shows_each_target_ratio_with_its_interval_over_paired_roun
     lo, hi = report.ratio_interval(pairs)
     assert f"| 0.25 ({lo:.2f} to {hi:.2f}) | 0.50 (" in row and 0.2 <= lo < 0.25 < hi <= 0.3
     means = report.paired_means(runs, "sgl-mixed", "vlora", "csgmv")
-    assert means == [(880.0, 1200.0), (900.0, 1200.0), (920.0, 1200.0)]
+    assert [(r.ours, r.peer) for r in means] == [(880.0, 1200.0), (900.0, 1200.0), (920.0, 1200.0)]
     lo, hi = report.ratio_interval(means)
     assert row.endswith(f"| 0.75 ({lo:.2f} to {hi:.2f}) |") and lo < 0.75 < hi
 
@@ -120,9 +161,9 @@ def test_a_headline_ratio_is_of_the_rounds_its_interval_resamples():
                                     "metrics": {**run["measurements"][2]["metrics"],
                                                 "e2e_ms": {"mean": 1200.0, "p99": 2400.0}}})
     pairs = report.paired_lora_costs(runs, "sgl-mixed", "vlora", "triton")
-    assert pairs == [(100.0, 400.0)] * 3
+    assert [(r.ours, r.peer) for r in pairs] == [(100.0, 400.0)] * 3
     assert report.paired_ratio(pairs) == 0.25
-    assert report.paired_ratio([]) is None and report.paired_ratio([(5.0, -1.0)]) is None
+    assert report.paired_ratio([]) is None and report.paired_ratio([report.PairedRound(5.0, -1.0)]) is None
     row = next(line for line in report.headline(runs, "test").splitlines() if line.startswith("| 1024 in / 64 out"))
     assert "| 0.25 (0.25 to 0.25) |" in row
     agg = report.aggregate(runs)  # the ratio of means the table showed before
@@ -131,13 +172,12 @@ def test_a_headline_ratio_is_of_the_rounds_its_interval_resamples():
 
 def test_a_ratio_cell_says_how_many_rounds_it_rests_on_without_an_interval():
     assert report.ratio_cell([]) == "-"
-    assert report.ratio_cell([(5.0, -1.0)]) == "-"
-    assert report.ratio_cell([(5.0, 50.0)]) == "0.10 (1 round)"
-    assert report.ratio_cell([(-65.0, 160.0), (73.0, 258.0)]) == "0.02 (2 rounds)"
-    pairs = [(10.0, 40.0)] * 3
-    assert report.ratio_cell(pairs) == "0.25 (0.25 to 0.25)"
+    assert report.ratio_cell(_rounds((5.0, -1.0))) == "-"
+    assert report.ratio_cell(_rounds((5.0, 50.0))) == "0.10 (1 round)"
+    assert report.ratio_cell(_rounds((-65.0, 160.0), (73.0, 258.0))) == "0.02 (2 rounds)"
+    assert report.ratio_cell(_rounds(*[(10.0, 40.0)] * 3)) == "0.25 (0.25 to 0.25)"
     # three rounds, but in some resample the peer cost nothing over the floor: no interval
-    assert report.ratio_cell([(5.0, 10.0), (5.0, -1.0), (5.0, 1.0)]) == "1.50 (3 rounds)"
+    assert report.ratio_cell(_rounds((5.0, 10.0), (5.0, -1.0), (5.0, 1.0))) == "1.50 (3 rounds)"
 
 
 def test_atmm_alone_against_csgmv_in_the_perf_table_is_over_paired_rounds():
@@ -164,7 +204,7 @@ def test_the_floors_twin_reads_the_harness_resolution_beside_the_targets():
         run["measurements"].append({**run["measurements"][0], "system": "nolora_twin",
                                     "metrics": {**run["measurements"][0]["metrics"],
                                                 "e2e_ms": {"mean": twin_ms, "p99": 1600.0}}})
-    assert report.paired_means(runs, "sgl-mixed", "nolora_twin", "nolora") == [
+    assert [(r.ours, r.peer) for r in report.paired_means(runs, "sgl-mixed", "nolora_twin", "nolora")] == [
         (780.0, 800.0), (820.0, 800.0), (800.0, 800.0), (840.0, 800.0)]
     table = report.headline(runs, "test")
     header = next(line for line in table.splitlines() if line.startswith("| point"))

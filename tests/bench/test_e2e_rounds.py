@@ -71,4 +71,6 @@ def test_the_rounds_that_fit_run_every_system_on_their_trace(tmp_path, clock, me
     ran = [(s, r) for s, r, status in statuses(report) if status == "ok"]
     assert sorted(ran) == sorted((s, r) for s in ("nolora", "vlora", "csgmv") for r in (0, 1))
     assert {seed for _, seed in measured} == {100, 101}  # each round is one trace: seed + repeat
+    # and its results say which: the report draws the rounds of one trace together
+    assert {(m["repeat"], m["trace_seed"]) for m in report["measurements"] if m["status"] == "ok"} == {(0, 100), (1, 101)}
     assert [status for _, r, status in statuses(report) if r == 2] == ["skipped"] * 3
