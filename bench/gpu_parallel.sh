@@ -14,6 +14,8 @@
 # call's floor prefill from about 60 to up to 103 ms from round to round, and two identical
 # servers then read up to 30% apart (docs/bench.md, "What the harness resolves"): such a pair is
 # refused unless E2E_ALLOW_MIXED=1 (python3 bench/run_e2e.py parallel-check, before anything starts).
+# The check also warns where two lines would send the same request traces (round r of a call
+# with --seed S sends client seed S + r): give calls meant as independent seeds --repeats apart.
 # Writes to $OUT: <tag>.json per call, tests.log, and one calls_logs.tar.gz of every call's
 # logs (a device machine returns at most 8 files).
 set -uo pipefail

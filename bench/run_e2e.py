@@ -63,10 +63,20 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force)
 
 
+def call_traces(call: plan.Call, seed: int) -> set[tuple[str, int, int]]:
+    """The request traces ``call`` run with ``--seed seed`` sends: (point, requests, client seed)
+    per point and round, round ``r`` sending client seed ``seed + r``."""
+    points = plan.points_of(call.scale)
+    return {(pid, plan.scaled(points[pid], call.scale_requests).requests, seed + r)
+            for pid in call.points for r in range(call.repeats)}
+
+
 def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
     """Refuse, before anything starts, call lines of bench/gpu_parallel.sh that ``run`` would
-    refuse, and a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load."""
-    loads = {}
+    refuse, and a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load.
+    Warn where two lines would send the same request traces (seeds within their rounds of each
+    other): such rounds are not independent draws, and the report's interval draws them together."""
+    loads, traces = {}, {}
     for line in args.lines:
         words = line.split()
         if not words or words[0] == "test-gpu":
@@ -77,13 +87,23 @@ def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as e:
             raise SystemExit(f"error: {line!r}: {e}") from None
         loads[line] = plan.host_load(call)
+        traces[line] = call_traces(call, run.seed)
+    shared = {}
+    lines = list(traces)
+    for i, a in enumerate(lines):
+        for b in lines[i + 1:]:
+            seeds = sorted({seed for _, _, seed in traces[a] & traces[b]})
+            if seeds:
+                shared[f"{a!r} and {b!r}"] = seeds
+                print(f"warning: {a!r} and {b!r} send the same requests in the rounds of client seeds {seeds}: "
+                      "give calls meant as independent seeds at least --repeats apart (docs/bench.md)", file=sys.stderr)
     if len(set(loads.values())) > 1 and not args.allow_mixed:
         named = "; ".join(f"{line!r}: {load}" for line, load in loads.items())
         raise SystemExit(f"error: text and vision calls side by side ({named}). The vision call's image work "
                          "on the shared CPUs moves the text call's host-bound prefills (docs/bench.md, \"What the "
                          "harness resolves\"): run them on separate machines, or pass --allow-mixed "
                          "(gpu_parallel.sh: E2E_ALLOW_MIXED=1)")
-    return {"host_loads": loads}
+    return {"host_loads": loads, "shared_traces": shared}
 
 
 def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:

@@ -78,3 +78,21 @@ def test_gpu_parallel_checks_the_call_lines_before_it_builds_or_starts_anything(
     script = SCRIPT.read_text()
     check = script.index('\npython3 bench/run_e2e.py parallel-check ${E2E_ALLOW_MIXED:+--allow-mixed} -- "$@" || exit 2')
     assert check < script.index("\npython3 bench/run_e2e.py prepare") < script.index('bash bench/gpu_e2e.sh "${words')
+
+
+def test_parallel_check_warns_where_two_lines_would_send_the_same_request_traces(capsys):
+    from bench import run_e2e
+
+    a = "mixed-skewed-blocks --systems nolora vlora csgmv triton --repeats 5 --seed 80"
+    b = "mixed-skewed-blocks --systems nolora vlora csgmv triton --repeats 5 --seed 81"
+    checked = run_e2e.main(["parallel-check", "--", a, b])
+    assert checked["shared_traces"] == {f"{a!r} and {b!r}": [81, 82, 83, 84]}
+    assert "send the same requests in the rounds of client seeds [81, 82, 83, 84]" in capsys.readouterr().err
+    # seeds --repeats apart, or another point (other requests with the same seed): nothing shared
+    far = "mixed-skewed-blocks --systems nolora vlora csgmv triton --repeats 5 --seed 85"
+    prefill = "prefill --systems nolora unmerge_only csgmv --repeats 3 --seed 81"
+    assert run_e2e.main(["parallel-check", "--", a, far, prefill])["shared_traces"] == {}
+    # the same point with another number of requests a round is another trace too
+    blocks, whole = "mixed-skewed-blocks --repeats 2 --seed 5", "mixed-skewed --repeats 2 --seed 5"
+    assert run_e2e.main(["parallel-check", "--", blocks, whole])["shared_traces"] == {}
+    assert "warning" not in capsys.readouterr().err
