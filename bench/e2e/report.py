@@ -319,6 +319,49 @@ def paired_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def trace_table(runs: Sequence[dict[str, Any]], min_traces: int = 3) -> list[str]:
+    """Per point, request trace by request trace (a round's client seed, :func:`round_trace`):
+    how many rounds ran it, how long the floor's client took to run it (first request sent to
+    last answered, mean over those rounds) and each system's LoRA cost over the floor of its
+    round, mean over them; the trace the floor ran fastest (its arrivals densest) first. Points
+    with fewer than ``min_traces`` traces are left out. The rounds of one trace are one unit of
+    the headline's interval (:func:`ratio_interval`)."""
+    floor_s: dict[tuple[str, int], list[float]] = defaultdict(list)
+    costs: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        by_round: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+        for m in run["measurements"]:
+            if m.get("status") == "ok" and (m.get("metrics") or {}).get("e2e_ms", {}).get("mean") is not None:
+                by_round[m["point"], m["repeat"]][m["system"]] = m
+        for (point, _), by_system in by_round.items():
+            floor = by_system.get(plan.FLOOR)
+            trace = None if floor is None else round_trace(run, floor)
+            if trace is None:
+                continue
+            key = (point, trace)
+            if floor["metrics"].get("duration_s") is not None:
+                floor_s[key].append(floor["metrics"]["duration_s"])
+            for system, m in by_system.items():
+                if system != plan.FLOOR:
+                    costs[key][system].append(m["metrics"]["e2e_ms"]["mean"] - floor["metrics"]["e2e_ms"]["mean"])
+    lines: list[str] = []
+    for point in sorted({p for p, _ in costs}):
+        traces = sorted((t for p, t in costs if p == point),
+                        key=lambda t: (statistics.fmean(floor_s[point, t]) if floor_s[point, t] else float("inf"), t))
+        if len(traces) < min_traces:
+            continue
+        systems = [s for s in SYSTEM_ORDER if any(s in costs[point, t] for t in traces)]
+        lines += ["", f"{point}:", "", "| client seed | rounds | floor's client run s | "
+                  + " | ".join(f"{s} LoRA cost ms (n)" for s in systems) + " |",
+                  "|---|---|---|" + "---|" * len(systems)]
+        for t in traces:
+            cells = [f"{statistics.fmean(v):+.0f} ({len(v)})" if (v := costs[point, t].get(s)) else "-"
+                     for s in systems]
+            run_s = f"{statistics.fmean(floor_s[point, t]):.1f}" if floor_s[point, t] else "-"
+            lines.append(f"| {t} | {len(floor_s[point, t]) or '-'} | {run_s} | " + " | ".join(cells) + " |")
+    return lines[1:]
+
+
 UNQUEUED_QUANTILE = 0.1  # the TTFT quantile taken as a request's latency without a queue ahead of it
 
 
@@ -396,6 +439,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     paired = paired_table(runs)
     if paired:
         lines += ["", "## LoRA cost request by request", "", *paired]
+    by_trace = trace_table(runs)
+    if by_trace:
+        lines += ["", "## LoRA cost request trace by request trace (densest arrivals first)", "", *by_trace]
     unqueued = unqueued_table(runs)
     if unqueued:
         lines += ["", "## One prefill without a queue: TTFT's 10th percentile", "", *unqueued]

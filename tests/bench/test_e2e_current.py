@@ -232,3 +232,21 @@ def test_the_report_refuses_to_pool_two_devices(tmp_path: Path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SystemExit, match="error: "):
         run_e2e.main(["report", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")])
+
+
+def test_the_trace_table_shows_each_trace_once_densest_first():
+    """Three calls over four traces (seeds 80 and 81 share trace 81): one row a trace, its
+    rounds' mean LoRA costs, and the trace the floor's client ran fastest first."""
+    runs = [_call(80, [(10.0, 100.0), (300.0, 400.0)]), _call(81, [(200.0, 500.0), (20.0, 100.0)]),
+            _call(90, [(5.0, 50.0)])]
+    for run in runs:
+        for m in run["measurements"]:
+            m["metrics"]["duration_s"] = {80: 14.0, 81: 11.0, 82: 13.0, 90: 12.0}[run["setup"]["seed"] + m["repeat"]]
+    lines = report.trace_table(runs)
+    assert lines[:4] == ["sgl-mixed:", "",
+                         "| client seed | rounds | floor's client run s | vlora LoRA cost ms (n) | csgmv LoRA cost ms (n) |",
+                         "|---|---|---|---|---|"]
+    assert lines[4:] == ["| 81 | 2 | 11.0 | +250 (2) | +450 (2) |", "| 90 | 1 | 12.0 | +5 (1) | +50 (1) |",
+                         "| 82 | 1 | 13.0 | +20 (1) | +100 (1) |", "| 80 | 1 | 14.0 | +10 (1) | +100 (1) |"]
+    assert report.trace_table(runs, min_traces=5) == []
+    assert "## LoRA cost request trace by request trace" in report.markdown(runs)
