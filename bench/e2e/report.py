@@ -218,8 +218,9 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| call | system | point | repeat | iterations per mode | decisions | decision reasons | switches "
-             "| max batch, theta | batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| max batch, theta | batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles "
+             "| iterations over 2x their fit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
             status = m.get("vlora_status")
@@ -235,8 +236,22 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                          f"{_nonzero_counts(orch.get('decision_reasons'))} | "
                          f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} | "
                          f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} | "
-                         f"{_compiles(orch.get('kernel_compiles'))} |")
+                         f"{_compiles(orch.get('kernel_compiles'))} | {_stalls(orch.get('slow_iterations'))} |")
     return lines
+
+
+def _stalls(slow: dict[str, Any] | None) -> str:
+    """Iterations during the measurement that took over twice what the cost model's fit
+    predicts (by more than 20 ms): how many, their summed excess, and the longest's mode,
+    work and seconds against the prediction; "-" where the server does not report them."""
+    if not slow or slow.get("count") is None:
+        return "-"
+    text = f"{slow['count']} (+{slow.get('excess_s') or 0.0:.2f} s)"
+    new = slow.get("new") or []
+    if new:
+        _, mode, tokens, requests, seconds, predicted = max(new, key=lambda x: x[4] - x[5])
+        text += f", longest {mode} {tokens} tokens / {requests} requests {seconds * 1000:.0f} ms against {predicted * 1000:.0f}"
+    return text
 
 
 def _compiles(compiles: dict[str, Any] | None) -> str:

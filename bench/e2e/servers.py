@@ -207,8 +207,9 @@ def status_delta(before: Any, after: Any) -> Any:
 
 def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
     """Decisions and their reasons, iterations per mode, switches, admission waits per adapter,
-    batches that ran without LoRA work, kernel launches that compiled and the CUDA caching
-    allocator's retries, device allocations and frees during a measurement,
+    batches that ran without LoRA work, kernel launches that compiled, iterations far slower
+    than the cost model's fit (stalls) and the CUDA caching allocator's retries, device
+    allocations and frees during a measurement,
     from whatever of those ``/vlora/status`` reports (under ``orchestrator``, or at the top level)."""
     if not after:
         return None
@@ -233,4 +234,18 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
         summary["kernel_compiles"] = delta["kernel_compiles"]
     if isinstance(delta.get("cuda_allocator"), dict):
         summary["cuda_allocator"] = delta["cuda_allocator"]
+    slow = _slow_iterations(after)
+    if slow:  # counters as differences; of the listed ones, those the reading before did not list
+        seen = {tuple(x) for x in _slow_iterations(before or {}).get("last", [])}
+        changed = _slow_iterations(delta)
+        summary["slow_iterations"] = {"count": changed.get("count"), "excess_s": changed.get("excess_s"),
+                                      "new": [x for x in slow.get("last", []) if tuple(x) not in seen]}
     return summary
+
+
+def _slow_iterations(status: dict[str, Any]) -> dict[str, Any]:
+    """The ``cost_model.slow_iterations`` of a ``/vlora/status`` reading (or of a difference
+    of two), under ``orchestrator`` or at the top level; {} where it has none."""
+    orch = status.get("orchestrator") if isinstance(status.get("orchestrator"), dict) else status
+    slow = (orch.get("cost_model") or {}).get("slow_iterations") if isinstance(orch.get("cost_model"), dict) else None
+    return slow if isinstance(slow, dict) else {}

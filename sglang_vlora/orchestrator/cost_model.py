@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglang_vlora.orchestrator.iteration_fit import IterationFit
 from sglang_vlora.orchestrator.state import Mode, Request, WeightState
@@ -204,6 +204,22 @@ def load_cost_model(
 
 MISS_FACTOR = 2.0  # a sample under 1/2 or over 2x its fit's prediction is a miss
 MISS_REFIT_SAMPLES = 4  # a miss makes the fit due once this many samples came since it
+# An iteration over MISS_FACTOR x its fit's prediction and by more than this is a stall worth
+# naming: something held the forward (a first launch's set-up, the host, a copy), not its work.
+SLOW_MARGIN_S = 0.02
+SLOW_KEPT = 32  # the slow iterations /vlora/status lists, the latest
+
+
+class SlowIteration(NamedTuple):
+    """An iteration that took over MISS_FACTOR x what its mode's fit predicts, by more than
+    SLOW_MARGIN_S: when its timing was read (wall clock, s), its mode and work, its seconds
+    and the fit's prediction."""
+    at: float
+    mode: Mode
+    prefill_tokens: int
+    decode_requests: int
+    seconds: float
+    predicted_s: float
 
 
 class MeasuredCosts:
@@ -251,12 +267,18 @@ class MeasuredCosts:
         self._misses = dict.fromkeys(Mode, 0)  # samples off the mode's fit by more than MISS_FACTOR
         self._snapshot: CostModel | None = None
         self.fits: dict[Mode, IterationFit] = {}
+        self.slow: deque[SlowIteration] = deque(maxlen=SLOW_KEPT)
+        self.slow_count = 0
+        self.slow_excess_s = 0.0  # summed over every slow iteration: seconds minus predicted
         # per mode: (prefill_token, prefill_forward) if it ran a prefill, decode_step if it ran a decode step
         self._figures: dict[Mode, tuple[tuple[float, float] | None, float | None]] = {}
 
-    def record_iteration(self, mode: Mode, prefill_tokens: int, decode_requests: int, seconds: float) -> None:
+    def record_iteration(self, mode: Mode, prefill_tokens: int, decode_requests: int, seconds: float,
+                         at: float = 0.0) -> None:
         """One timed forward iteration: ``prefill_tokens`` new prompt tokens (0 for a decode
-        step) and ``decode_requests`` requests gaining one token (a mixed batch has both)."""
+        step) and ``decode_requests`` requests gaining one token (a mixed batch has both);
+        ``at``: when its timing was read. One far slower than its mode's fit predicts is kept
+        as a :class:`SlowIteration` (a sample all the same: the fit sees what serving costs)."""
         if seconds <= 0 or not math.isfinite(seconds) or prefill_tokens < 0 or decode_requests < 0:
             return
         if prefill_tokens == decode_requests == 0:
@@ -269,6 +291,10 @@ class MeasuredCosts:
             predicted = fit.seconds(prefill_tokens, decode_requests)
             if not predicted / MISS_FACTOR <= seconds <= predicted * MISS_FACTOR:
                 self._misses[mode] += 1
+            if seconds > predicted * MISS_FACTOR and seconds - predicted > SLOW_MARGIN_S:
+                self.slow.append(SlowIteration(at, mode, prefill_tokens, decode_requests, seconds, predicted))
+                self.slow_count += 1
+                self.slow_excess_s += seconds - predicted
         if self._due(mode):
             self._snapshot = None
 

@@ -218,8 +218,9 @@ class Orchestrator:
                 self.metrics.switch_seconds.inc(seconds)
                 self.metrics.last_switch_seconds.set(seconds)
         if self.measured is not None:
+            now = time.time()
             for (mode, tokens, requests), seconds in self.batch_timer.collect():
-                self.measured.record_iteration(mode, tokens, requests, seconds)
+                self.measured.record_iteration(mode, tokens, requests, seconds, at=now)
 
     # ------------------------------------------------------------------- deciding
     def _cost(self) -> CostModel:
@@ -471,6 +472,12 @@ def _cost_report(
         report["recent_iterations"] = {
             mode.value: [[tokens, requests, round(seconds, 6)] for tokens, requests, seconds in points]
             for mode, points in measured.recent_iterations().items()
+        }
+        report["slow_iterations"] = {
+            "count": measured.slow_count,
+            "excess_s": round(measured.slow_excess_s, 6),
+            "last": [[round(it.at, 3), it.mode.value, it.prefill_tokens, it.decode_requests, round(it.seconds, 6),
+                      round(it.predicted_s, 6)] for it in measured.slow],
         }
         report["first_request_iterations"] = [[mode.value, tokens, requests] for mode, tokens, requests in first_work]
         report["first_request_iteration_count"] = first_count

@@ -180,7 +180,7 @@ def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocat
     rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
     assert summary["kernel_compiles"] == {"count": 2, "seconds": 1.5, "by_kernel": {"_shrink_kernel": 2}}
-    assert rows[-1].endswith("| graph 1496, eager 7 | a8 0/15, b16 2/4 | 2 (1.50 s) |"), rows[-1]
+    assert rows[-1].endswith("| graph 1496, eager 7 | a8 0/15, b16 2/4 | 2 (1.50 s) | - |"), rows[-1]
     # a server that names the variants: those compiled during the measurement are listed
     before["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20}
     after["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20,
@@ -188,7 +188,24 @@ def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocat
     summary = servers.orchestrator_summary(before, after)
     rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
-    assert rows[-1].endswith("| 2 (1.50 s): _shrink_kernel BLOCK_M=64 w4 s3 x2 |"), rows[-1]
+    assert rows[-1].endswith("| 2 (1.50 s): _shrink_kernel BLOCK_M=64 w4 s3 x2 | - |"), rows[-1]
+
+
+def test_summary_lists_the_stalls_of_the_measurement_only():
+    """Iterations over twice their fit: the counters as differences, and of the listed ones
+    those the reading before the measurement did not list; the table names the longest."""
+    old = [1000.5, "merge", 1500, 0, 0.3, 0.05]
+    before = {"orchestrator": {"cost_model": {"slow_iterations": {"count": 1, "excess_s": 0.25, "last": [old]}}}}
+    new = [[1010.0, "unmerge", 0, 12, 0.09, 0.009], [1011.2, "mixture", 1391, 3, 0.95, 0.06]]
+    after = {"orchestrator": {"cost_model": {"slow_iterations": {"count": 3, "excess_s": 1.221,
+                                                                  "last": [old, *new]}}}}
+    summary = servers.orchestrator_summary(before, after)
+    assert summary["slow_iterations"] == {"count": 2, "excess_s": pytest.approx(0.971), "new": new}
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
+    assert rows[-1].endswith("| 2 (+0.97 s), longest mixture 1391 tokens / 3 requests 950 ms against 60 |"), rows[-1]
+    # a server that does not report them: no entry, "-" in the table
+    assert "slow_iterations" not in servers.orchestrator_summary({}, {"orchestrator": {"switches": 0}})
 
 
 def _measurement(system, point, repeat, mean, p99=None, status="ok"):

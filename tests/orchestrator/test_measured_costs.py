@@ -369,3 +369,29 @@ def test_a_cold_iteration_is_judged_against_larger_ones_of_its_kind():
                (32, 0, 0.2), (0, 8, 0.008), (0, 8, 0.0081), (0, 4, 0.2), (0, 16, 0.009)]
     fit = IterationFit.fit(samples)
     assert fit.samples == len(samples) - 2  # the 54-token prefill and the 4-request step of 200 ms
+
+
+def test_an_iteration_far_slower_than_its_fit_is_kept_as_a_stall():
+    """Decode steps of 8 ms and 1500-token prefills of 50 ms fitted: a prefill of 400 ms (a
+    stall) is kept with when it was read and the fit's prediction; a step of 20 ms (over 2x,
+    but by 12 ms) and a prefill of 90 ms (under 2x) are not. Without a fit nothing is judged."""
+    from sglang_vlora.orchestrator.cost_model import SLOW_KEPT
+
+    costs = MeasuredCosts(LAYERS)
+    costs.record_iteration(Mode.MERGE, 1500, 0, 5.0, at=1.0)  # no fit yet: not judged
+    assert costs.slow_count == 0
+    for i in range(8):
+        costs.record_iteration(Mode.MERGE, 0, 4 + i % 2, 0.008)
+        costs.record_iteration(Mode.MERGE, 1400 + 20 * i, 0, 0.048 + 1e-6 * 20 * i)
+    costs.snapshot()
+    predicted = costs.fits[Mode.MERGE].seconds(1500, 0)
+    costs.record_iteration(Mode.MERGE, 0, 4, 0.020, at=2.0)
+    costs.record_iteration(Mode.MERGE, 1500, 0, 0.090, at=3.0)
+    costs.record_iteration(Mode.MERGE, 1500, 0, 0.400, at=4.0)
+    assert costs.slow_count == 1 and [(s.at, s.mode, s.prefill_tokens, s.seconds) for s in costs.slow] == [
+        (4.0, Mode.MERGE, 1500, 0.400)]
+    assert costs.slow[0].predicted_s == pytest.approx(predicted)
+    assert costs.slow_excess_s == pytest.approx(0.400 - predicted)
+    for i in range(SLOW_KEPT + 3):  # the count goes on; the list keeps the latest
+        costs.record_iteration(Mode.MERGE, 0, 4, 0.5, at=10.0 + i)
+    assert costs.slow_count == SLOW_KEPT + 4 and len(costs.slow) == SLOW_KEPT and costs.slow[-1].at == 10.0 + SLOW_KEPT + 2

@@ -151,6 +151,10 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
     assert costs["prefill_forward_s"]["unmerge"] == pytest.approx(fit["fixed_s"] + fit["prefill_forward_s"])
     recent = costs["recent_iterations"]["unmerge"]  # what the fit is made of: (tokens, requests, seconds)
     assert 0 < len(recent) <= 16 and all(t >= 0 and r >= 0 and t + r > 0 and s > 0 for t, r, s in recent)
+    slow = costs["slow_iterations"]  # iterations over 2x their fit: a count, the summed excess, the latest
+    assert slow["count"] >= 0 and slow["excess_s"] >= 0 and len(slow["last"]) == min(slow["count"], 32)
+    assert all(mode in ("merge", "unmerge", "mixture") and seconds > 2 * predicted
+               for _, mode, _, _, seconds, predicted in slow["last"])
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
