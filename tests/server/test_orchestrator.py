@@ -134,7 +134,8 @@ def test_chunked_long_prompts_and_shared_prefixes_match_hf(orchestrated, referen
     assert max(b["meta_info"]["prompt_tokens"] for b in bodies) > 128
 
 
-def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated):
+def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated, reference):
+    run_workload(orchestrated, reference, ALL * 2)  # unmerged decode steps of its own: it runs alone too
     answer = status(orchestrated)
     assert answer["cuda_allocator"] is None  # the CUDA allocator's counters: none on a CPU server
     report = answer["orchestrator"]
