@@ -185,6 +185,7 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
             entry.update(status="skipped", reason="time budget of the call (--budget-s) spent")
             continue
         entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)
+        entry["started_at_unix"] = round(time.time(), 3)  # to read the servers' logs and stall times against
         entry["trace_seed"] = seed + m.repeat  # the round's requests: the same for every system of the round
         try:
             entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients))

@@ -21,6 +21,9 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
+    def time(self) -> float:  # the wall clock: the same fake time, from the epoch
+        return 1.8e9 + self.now
+
 
 @pytest.fixture()
 def clock(monkeypatch) -> Clock:
@@ -73,4 +76,6 @@ def test_the_rounds_that_fit_run_every_system_on_their_trace(tmp_path, clock, me
     assert {seed for _, seed in measured} == {100, 101}  # each round is one trace: seed + repeat
     # and its results say which: the report draws the rounds of one trace together
     assert {(m["repeat"], m["trace_seed"]) for m in report["measurements"] if m["status"] == "ok"} == {(0, 100), (1, 101)}
+    started = [(m["started_at_s"], m["started_at_unix"]) for m in report["measurements"] if m["status"] == "ok"]
+    assert started and all(unix == pytest.approx(1.8e9 + 1000.0 + s, abs=0.1) for s, unix in started)  # wall clock
     assert [status for _, r, status in statuses(report) if r == 2] == ["skipped"] * 3
