@@ -65,9 +65,9 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def call_traces(call: plan.Call, seed: int) -> set[tuple[str, int, int]]:
     """The request traces ``call`` run with ``--seed seed`` sends: (point, requests, client seed)
-    per point and round, round ``r`` sending client seed ``seed + r``."""
+    per point and round (:func:`plan.trace_seed`)."""
     points = plan.points_of(call.scale)
-    return {(pid, plan.scaled(points[pid], call.scale_requests).requests, seed + r)
+    return {(pid, plan.scaled(points[pid], call.scale_requests).requests, plan.trace_seed(seed, r))
             for pid in call.points for r in range(call.repeats)}
 
 

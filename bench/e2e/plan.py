@@ -347,6 +347,13 @@ def server_args(call: Call, user: Sequence[str]) -> list[str]:
     return [*user, *(a for g in _flag_groups(call.server_args) if _flag_name(g[0]) not in given for a in g)]
 
 
+def trace_seed(seed: int, repeat: int) -> int:
+    """The client seed of round ``repeat`` of a call run with ``--seed seed``: its requests
+    (arrivals, prompts, adapters), the same for every system of the round. Calls whose seeds
+    lie within their rounds of each other therefore send some of the same traces."""
+    return seed + repeat
+
+
 def scaled(point: Point, factor: float) -> Point:
     """``point`` with ``factor`` times its requests (at least 8)."""
     if factor == 1.0:

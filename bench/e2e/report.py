@@ -496,11 +496,12 @@ class PairedRound(NamedTuple):
 
 def round_trace(run: dict[str, Any], measurement: dict[str, Any]) -> int | None:
     """The client seed of ``measurement``'s round: recorded since the runner writes it, else the
-    runner's rule (the call's seed plus the round's index); None where the call's seed is unknown."""
+    runner's rule (:func:`plan.trace_seed`, the same before it was recorded); None where the
+    call's seed is unknown."""
     if measurement.get("trace_seed") is not None:
         return measurement["trace_seed"]
     seed = (run.get("setup") or {}).get("seed")
-    return None if seed is None else seed + measurement["repeat"]
+    return None if seed is None else plan.trace_seed(seed, measurement["repeat"])
 
 
 def round_means(runs: Sequence[dict[str, Any]], point: str) -> list[tuple[int | None, dict[str, float]]]:

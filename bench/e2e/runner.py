@@ -186,7 +186,7 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
             continue
         entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)
         entry["started_at_unix"] = round(time.time(), 3)  # to read the servers' logs and stall times against
-        entry["trace_seed"] = seed + m.repeat  # the round's requests: the same for every system of the round
+        entry["trace_seed"] = plan.trace_seed(seed, m.repeat)
         try:
             entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients))
         except Exception as e:  # a client failure is this measurement's, not the call's
