@@ -6,7 +6,10 @@ largest of the carried ones (8 MB, 22 MB unpacked) and is imported by the server
 gguf -> mistral_common -> pydantic_extra_types), but only for its code and databases: its
 translations (``pycountry/locales``) and tests are never read. mistral_common's wheel (6.6 MB)
 carries two Tekken tokenizer files of 2.6 MB each (``mistral_common/data/tekken_*.json``), read
-only to load those Mistral tokenizers, which no benchmark model uses. This rewrites such wheels
+only to load those Mistral tokenizers, which no benchmark model uses. zstandard's wheel holds two
+backends of 11-12 MB each: ``import zstandard`` loads the C one (``backend_c``) and reads the cffi
+one (``_cffi``, ``backend_cffi.py``) only when ``PYTHON_ZSTANDARD_IMPORT_POLICY`` asks for it,
+which nothing here sets. This rewrites such wheels
 without those folders (and without their ``RECORD`` lines), in place::
 
     python bench/slim_carry.py .sgc/whl
@@ -25,6 +28,7 @@ from pathlib import Path
 UNUSED = {
     "pycountry-": ("pycountry/locales/", "pycountry/tests/"),
     "mistral_common-": ("mistral_common/data/tekken_",),
+    "zstandard-": ("zstandard/_cffi.", "zstandard/backend_cffi.py"),
 }
 
 

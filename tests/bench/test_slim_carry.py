@@ -55,6 +55,18 @@ def test_mistral_common_loses_only_its_tekken_tokenizer_files(tmp_path):
     assert not any("tekken" in n for n in names)
 
 
+def test_zstandard_loses_its_cffi_backend_and_keeps_the_c_one(tmp_path):
+    wheel = tmp_path / "zstandard-1.0-cp312-cp312-manylinux2014_x86_64.whl"
+    _wheel(wheel, {"zstandard/__init__.py": "", "zstandard/backend_c.cpython-312-x86_64-linux-gnu.so": "c" * 5000,
+                   "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so": "f" * 5000,
+                   "zstandard/backend_cffi.py": "", "zstandard/py.typed": ""},
+           dist="zstandard-1.0")
+    assert slim_carry.main([str(tmp_path)]) == 0
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"zstandard/__init__.py", "zstandard/backend_c.cpython-312-x86_64-linux-gnu.so"} <= names
+    assert not any("cffi" in n for n in names)
+
+
 def test_a_folder_that_is_not_there_or_a_corrupt_wheel_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         slim_carry.main([str(tmp_path / "missing")])
