@@ -4,9 +4,9 @@
 ``python bench/run_e2e.py report bench/results/e2e/*.json`` writes (``--readme README.md``
 also puts the block into the README): every call, whatever plugin code it ran.
 ``e2e-current-<device>`` reads ``bench/results/e2e_current_<device>.json``, which
-``python bench/run_e2e.py report FILES --package-as REV --out bench/results/e2e_current_<device>``
-writes: only the calls that ran the plugin as it is at REV (one device's files: the report
-refuses to pool devices).
+``python bench/run_e2e.py report FILES --package-as REV [REV ...] --out bench/results/e2e_current_<device>``
+writes: only the calls that ran the plugin as it is at REV, or at any of the REVs given (one
+device's files: the report refuses to pool devices).
 A block is registered only once its file exists: before the benchmark has run there is
 nothing to show, and a registered block must appear in the docs with its results file present.
 """
@@ -39,8 +39,10 @@ if (RESULTS / MERGED).exists():
 
 def e2e_current(merged: dict[str, Any]) -> str:
     sel = merged["selection"]
+    revisions = sel["package_as"]
+    named = " or ".join(rev[:10] for rev in revisions)
     intro = (f"Only the calls that ran the plugin (`sglang_vlora/`, `cuda/`, `pyproject.toml`) as it is at "
-             f"revision {sel['package_as'][:10]}: {sel['calls']} of the {sel['of']} calls given.")
+             f"revision{'s' if len(revisions) > 1 else ''} {named}: {sel['calls']} of the {sel['of']} calls given.")
     return intro + " " + e2e_headline(merged)
 
 

@@ -116,6 +116,10 @@ def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": str(model), "adapters": {k: str(v) for k, v in adapters.items()}}
 
 
+def _revisions(selection: dict) -> str:
+    return " or ".join(rev[:10] for rev in selection["package_as"])
+
+
 def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     if args.readme is not None and args.readme.resolve() == REPO / "README.md" and out.resolve() != DEFAULT_REPORT:
@@ -138,9 +142,8 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"error: {e}") from None
         if not runs:
             raise SystemExit(f"error: none of the {selection['of']} calls given ran the plugin as it is "
-                             f"at {args.package_as} ({selection['package_as'][:10]})")
-        print(f"[e2e] {selection['calls']} of {selection['of']} calls ran the plugin as at "
-              f"{selection['package_as'][:10]}")
+                             f"at {' or '.join(args.package_as)} ({_revisions(selection)})")
+        print(f"[e2e] {selection['calls']} of {selection['of']} calls ran the plugin as at {_revisions(selection)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     sources = list(dict.fromkeys(_rel(Path(r["_file"])) for r in runs))  # a merged file gives several runs
     combined = report.merged(runs, sources, selection)
@@ -205,9 +208,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     m.add_argument("--out", type=Path, default=DEFAULT_REPORT,
                    help="output stem: <out>.json (merged), <out>.md, <out>_e2e.png, <out>_lora_cost.png")
     m.add_argument("--readme", type=Path, help="put the headline table into this file's e2e-headline block")
-    m.add_argument("--package-as", metavar="REV",
+    m.add_argument("--package-as", metavar="REV", nargs="+",
                    help="keep only the calls that ran the plugin (sglang_vlora/, cuda/, pyproject.toml) as it "
-                        "is at git revision REV, e.g. HEAD")
+                        "is at git revision REV, e.g. HEAD, or at any of several REVs")
     m.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
     args.argv = list(argv)

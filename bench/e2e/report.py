@@ -633,15 +633,21 @@ def put_headline(text: str, block_text: str) -> str:
                      "where the table goes")
 
 
-def same_package(runs: Sequence[dict[str, Any]], revision: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The runs that served the plugin as it is at ``revision`` (its package, CUDA sources and
-    pins, :func:`bench.provenance.package_tree`), and a record of the selection. A run from a
-    dirty checkout, or whose revision this repository does not know, is left out: nothing says
-    which code it ran. Raises ValueError for a revision git does not know."""
-    full = provenance.full_revision(revision)
-    if full is None:
-        raise ValueError(f"--package-as {revision!r}: not a revision of this repository (git knows none)")
-    tree = provenance.package_tree(full)
+def same_package(runs: Sequence[dict[str, Any]],
+                 revisions: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs that served the plugin as it is at any of ``revisions`` (its package, CUDA
+    sources and pins, :func:`bench.provenance.package_tree`), and a record of the selection.
+    Several revisions pool calls whose plugin code differs by what a reader can check
+    (each revision is named in the record). A run from a dirty checkout, or whose revision
+    this repository does not know, is left out: nothing says which code it ran. Raises
+    ValueError for a revision git does not know."""
+    fulls, trees_wanted = [], []
+    for revision in revisions:
+        full = provenance.full_revision(revision)
+        if full is None:
+            raise ValueError(f"--package-as {revision!r}: not a revision of this repository (git knows none)")
+        fulls.append(full)
+        trees_wanted.append(provenance.package_tree(full))
     trees: dict[str, str | None] = {}
     kept = []
     for run in runs:
@@ -651,9 +657,9 @@ def same_package(runs: Sequence[dict[str, Any]], revision: str) -> tuple[list[di
             continue
         if rev not in trees:
             trees[rev] = provenance.package_tree(rev)
-        if trees[rev] == tree:
+        if trees[rev] in trees_wanted:
             kept.append(run)
-    return kept, {"package_as": full, "package_tree": tree, "calls": len(kept), "of": len(runs)}
+    return kept, {"package_as": fulls, "package_tree": trees_wanted, "calls": len(kept), "of": len(runs)}
 
 
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],

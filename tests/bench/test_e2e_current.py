@@ -42,12 +42,14 @@ def test_same_package_keeps_the_calls_whose_plugin_code_equals_the_revisions():
     runs = [_run("now", head), _run("first", root), _run("dirty", head, dirty=True),
             _run("unknown-dirtiness", head, dirty=None), _run("no-revision", None),
             _run("foreign", "f" * 40)]
-    kept, selection = report.same_package(runs, "HEAD")
+    kept, selection = report.same_package(runs, ["HEAD"])
     assert [r["run_id"] for r in kept] == ["now"]
-    assert selection == {"package_as": head, "package_tree": provenance.package_tree(head), "calls": 1, "of": 6}
-    assert [r["run_id"] for r in report.same_package(runs, root)[0]] == ["first"]
+    assert selection == {"package_as": [head], "package_tree": [provenance.package_tree(head)], "calls": 1, "of": 6}
+    assert [r["run_id"] for r in report.same_package(runs, [root])[0]] == ["first"]
+    both, selection = report.same_package(runs, ["HEAD", root])
+    assert [r["run_id"] for r in both] == ["now", "first"] and selection["package_as"] == [head, root]
     with pytest.raises(ValueError, match="not a revision"):
-        report.same_package(runs, "no-such-revision")
+        report.same_package(runs, ["HEAD", "no-such-revision"])
 
 
 @needs_git
@@ -64,6 +66,10 @@ def test_report_package_as_writes_only_those_calls_and_says_which(tmp_path: Path
     assert [r["run_id"] for r in merged["runs"]] == ["now"] and merged["selection"]["of"] == 2
     assert merged["sources"] == [paths[0].name]
     assert "1 of 2 calls ran the plugin" in capsys.readouterr().out
+    run_e2e.main(["report", *map(str, paths), "--package-as", "HEAD", root, "--out", str(out)])
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert [r["run_id"] for r in merged["runs"]] == ["now", "old"] and merged["selection"]["package_as"] == [head, root]
+    assert f"as at {head[:10]} or {root[:10]}" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="none of the 1 calls"):
         run_e2e.main(["report", str(paths[1]), "--package-as", "HEAD", "--out", str(out)])
     with pytest.raises(SystemExit, match="not a revision"):
