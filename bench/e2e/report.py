@@ -377,6 +377,74 @@ def trace_table(runs: Sequence[dict[str, Any]], min_traces: int = 3) -> list[str
     return lines[1:]
 
 
+# Upper bounds of the rows of :func:`popularity_table` (the last row is everything above).
+SHARE_BOUNDS = (0.5, 0.55, 0.6)
+
+
+def top_adapter_share(orchestrator: dict[str, Any] | None) -> float | None:
+    """The most requested adapter's share of one measurement's adapter requests, from ours'
+    admission counts (``admission_waits``, base-model requests left out); None without any."""
+    waits = (orchestrator or {}).get("admission_waits") or {}
+    counts = [w.get("requests", 0) for name, w in waits.items() if name != "base" and isinstance(w, dict)]
+    total = sum(counts)
+    return max(counts) / total if total else None
+
+
+def _share_row(share: float) -> str:
+    low = None
+    for bound in SHARE_BOUNDS:
+        if share < bound:
+            return f"< {bound:.2f}" if low is None else f"{low:.2f}-{bound:.2f}"
+        low = bound
+    return f">= {SHARE_BOUNDS[-1]:.2f}"
+
+
+def popularity_table(runs: Sequence[dict[str, Any]], system: str = "vlora", peer: str = "csgmv") -> list[str]:
+    """Per point, the rounds that measured the floor, ``system`` and ``peer``, grouped by how
+    much of the round's traffic its most requested adapter had (read from ``system``'s own
+    admission counts: SGLang's client does not record a request's adapter): rounds, the two
+    LoRA costs summed and their ratio, and the share of ``system``'s iterations that ran
+    merged or in mixture. Why: a skewed workload's popularity is drawn per request, so the top
+    adapter's share moves from round to round (SGLang's skewed 2 over 4 adapters: 8/15
+    expected, 0.48 to 0.63 over 100 requests), and with it what merging can save."""
+    rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        by_round: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+        for m in run["measurements"]:
+            if m.get("status") == "ok" and (m.get("metrics") or {}).get("e2e_ms", {}).get("mean") is not None:
+                by_round[m["point"], m["repeat"]][m["system"]] = m
+        for (point, _), by_system in by_round.items():
+            if not {plan.FLOOR, system, peer} <= set(by_system):
+                continue
+            ours = by_system[system]
+            share = top_adapter_share(ours.get("orchestrator"))
+            if share is None:
+                continue
+            floor = by_system[plan.FLOOR]["metrics"]["e2e_ms"]["mean"]
+            row = rows[point, _share_row(share)]
+            row["ours"].append(ours["metrics"]["e2e_ms"]["mean"] - floor)
+            row["peer"].append(by_system[peer]["metrics"]["e2e_ms"]["mean"] - floor)
+            iterations = ours["orchestrator"].get("iterations") or {}
+            if sum(iterations.values()):
+                row["folded"].append((iterations.get("merge", 0) + iterations.get("mixture", 0))
+                                     / sum(iterations.values()))
+    order = [_share_row(b - 0.01) for b in SHARE_BOUNDS] + [_share_row(SHARE_BOUNDS[-1])]
+    lines: list[str] = []
+    for point in sorted({p for p, _ in rows}):
+        lines += ["", f"{point}:", "", f"| top adapter's share of the round's requests | rounds | {system} LoRA cost ms "
+                  f"a round | {peer} LoRA cost ms a round | {system} / {peer} (sums) | {system}'s iterations merged "
+                  "or in mixture |", "|---|---|---|---|---|---|"]
+        for label in order:
+            row = rows.get((point, label))
+            if not row:
+                continue
+            n, theirs = len(row["ours"]), sum(row["peer"])
+            ratio = _f(sum(row["ours"]) / theirs, 2) if theirs > 0 else "-"
+            folded = f"{statistics.fmean(row['folded']):.0%}" if row["folded"] else "-"
+            lines.append(f"| {label} | {n} | {sum(row['ours']) / n:+.0f} | {theirs / n:+.0f} | {ratio} | {folded} |")
+    return lines[1:]
+
+
 UNQUEUED_QUANTILE = 0.1  # the TTFT quantile taken as a request's latency without a queue ahead of it
 
 
@@ -457,6 +525,9 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     by_trace = trace_table(runs)
     if by_trace:
         lines += ["", "## LoRA cost request trace by request trace (densest arrivals first)", "", *by_trace]
+    by_share = popularity_table(runs)
+    if by_share:
+        lines += ["", "## LoRA cost by the top adapter's share of a round's requests", "", *by_share]
     unqueued = unqueued_table(runs)
     if unqueued:
         lines += ["", "## One prefill without a queue: TTFT's 10th percentile", "", *unqueued]

@@ -256,3 +256,37 @@ def test_the_trace_table_shows_each_trace_once_densest_first():
                          "| 82 | 1 | 13.0 | +20 (1) | +100 (1) |", "| 80 | 1 | 14.0 | +10 (1) | +100 (1) |"]
     assert report.trace_table(runs, min_traces=5) == []
     assert "## LoRA cost request trace by request trace" in report.markdown(runs)
+
+
+def _with_popularity(run: dict, rounds: list[tuple[dict[str, int], dict[str, int]]]) -> dict:
+    """Ours' measurements given /vlora/status admission counts per adapter and iterations per mode."""
+    for m in run["measurements"]:
+        if m["system"] == "vlora":
+            requests, iterations = rounds[m["repeat"]]
+            m["orchestrator"] = {"admission_waits": {"base": {"requests": 50},
+                                                      **{a: {"requests": n} for a, n in requests.items()}},
+                                 "iterations": iterations}
+    return run
+
+
+def test_the_popularity_table_groups_rounds_by_the_top_adapters_share():
+    """Four rounds: top shares 0.45, 0.52, 0.53 and 0.70 of the adapter requests (base-model
+    requests left out), each row with its rounds' mean costs, the ratio of their sums and the
+    share of ours' iterations that ran merged or in mixture."""
+    runs = [_with_popularity(_call(80, [(200.0, 400.0), (50.0, 400.0)]),
+                             [({"a": 45, "b": 30, "c": 25}, {"unmerge": 90, "mixture": 10, "merge": 0}),
+                              ({"a": 52, "b": 48}, {"unmerge": 60, "mixture": 30, "merge": 10})]),
+            _with_popularity(_call(90, [(30.0, 200.0), (-10.0, 300.0)]),
+                             [({"a": 47, "b": 53}, {"unmerge": 40, "mixture": 40, "merge": 20}),
+                              ({"a": 70, "b": 30}, {"unmerge": 20, "mixture": 50, "merge": 30})])]
+    lines = report.popularity_table(runs)
+    assert lines[:4] == ["sgl-mixed:", "",
+                         "| top adapter's share of the round's requests | rounds | vlora LoRA cost ms a round | csgmv "
+                         "LoRA cost ms a round | vlora / csgmv (sums) | vlora's iterations merged or in mixture |",
+                         "|---|---|---|---|---|---|"]
+    assert lines[4:] == ["| < 0.50 | 1 | +200 | +400 | 0.50 | 10% |",
+                         "| 0.50-0.55 | 2 | +40 | +300 | 0.13 | 50% |",
+                         "| >= 0.60 | 1 | -10 | +300 | -0.03 | 80% |"]
+    assert report.top_adapter_share({"admission_waits": {"base": {"requests": 5}}}) is None
+    assert report.popularity_table(runs, peer="triton") == []
+    assert "## LoRA cost by the top adapter's share of a round's requests" in report.markdown(runs)
