@@ -390,13 +390,14 @@ def top_adapter_share(orchestrator: dict[str, Any] | None) -> float | None:
     return max(counts) / total if total else None
 
 
+# The rows' labels, lowest share first.
+SHARE_ROWS = (f"< {SHARE_BOUNDS[0]:.2f}",
+              *(f"{low:.2f}-{high:.2f}" for low, high in zip(SHARE_BOUNDS[:-1], SHARE_BOUNDS[1:], strict=True)),
+              f">= {SHARE_BOUNDS[-1]:.2f}")
+
+
 def _share_row(share: float) -> str:
-    low = None
-    for bound in SHARE_BOUNDS:
-        if share < bound:
-            return f"< {bound:.2f}" if low is None else f"{low:.2f}-{bound:.2f}"
-        low = bound
-    return f">= {SHARE_BOUNDS[-1]:.2f}"
+    return SHARE_ROWS[sum(share >= bound for bound in SHARE_BOUNDS)]
 
 
 def popularity_table(runs: Sequence[dict[str, Any]], system: str = "vlora", peer: str = "csgmv") -> list[str]:
@@ -428,13 +429,12 @@ def popularity_table(runs: Sequence[dict[str, Any]], system: str = "vlora", peer
             if sum(iterations.values()):
                 row["folded"].append((iterations.get("merge", 0) + iterations.get("mixture", 0))
                                      / sum(iterations.values()))
-    order = [_share_row(b - 0.01) for b in SHARE_BOUNDS] + [_share_row(SHARE_BOUNDS[-1])]
     lines: list[str] = []
     for point in sorted({p for p, _ in rows}):
         lines += ["", f"{point}:", "", f"| top adapter's share of the round's requests | rounds | {system} LoRA cost ms "
                   f"a round | {peer} LoRA cost ms a round | {system} / {peer} (sums) | {system}'s iterations merged "
                   "or in mixture |", "|---|---|---|---|---|---|"]
-        for label in order:
+        for label in SHARE_ROWS:
             row = rows.get((point, label))
             if not row:
                 continue
