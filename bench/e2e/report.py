@@ -334,6 +334,15 @@ def paired_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _measured_rounds(run: dict[str, Any]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
+    """``run``'s measurements that have a mean E2E, by round (point, repeat) and system."""
+    by_round: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for m in run["measurements"]:
+        if m.get("status") == "ok" and (m.get("metrics") or {}).get("e2e_ms", {}).get("mean") is not None:
+            by_round[m["point"], m["repeat"]][m["system"]] = m
+    return by_round
+
+
 def trace_table(runs: Sequence[dict[str, Any]], min_traces: int = 3) -> list[str]:
     """Per point, request trace by request trace (a round's client seed, :func:`round_trace`):
     how many rounds ran it, how long the floor's client took to run it (first request sent to
@@ -344,11 +353,7 @@ def trace_table(runs: Sequence[dict[str, Any]], min_traces: int = 3) -> list[str
     floor_s: dict[tuple[str, int], list[float]] = defaultdict(list)
     costs: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        by_round: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
-        for m in run["measurements"]:
-            if m.get("status") == "ok" and (m.get("metrics") or {}).get("e2e_ms", {}).get("mean") is not None:
-                by_round[m["point"], m["repeat"]][m["system"]] = m
-        for (point, _), by_system in by_round.items():
+        for (point, _), by_system in _measured_rounds(run).items():
             floor = by_system.get(plan.FLOOR)
             trace = None if floor is None else round_trace(run, floor)
             if trace is None:
@@ -410,11 +415,7 @@ def popularity_table(runs: Sequence[dict[str, Any]], system: str = "vlora", peer
     expected, 0.48 to 0.63 over 100 requests), and with it what merging can save."""
     rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        by_round: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)
-        for m in run["measurements"]:
-            if m.get("status") == "ok" and (m.get("metrics") or {}).get("e2e_ms", {}).get("mean") is not None:
-                by_round[m["point"], m["repeat"]][m["system"]] = m
-        for (point, _), by_system in by_round.items():
+        for (point, _), by_system in _measured_rounds(run).items():
             if not {plan.FLOOR, system, peer} <= set(by_system):
                 continue
             ours = by_system[system]
