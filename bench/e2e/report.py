@@ -543,7 +543,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-HEADLINE_POINTS = ("sgl-mixed", "vision-skewed", "sgl-mixed-uniform", "sgl-prefill", "sgl-decode", "video-lm")
+HEADLINE_POINTS = ("sgl-mixed", "sgl-mixed-share75", "vision-skewed", "sgl-mixed-uniform", "sgl-prefill", "sgl-decode", "video-lm")
 HEADLINE_SYSTEMS = ("nolora", "nolora_twin", "vlora", "csgmv", "triton", "unmerge_only")
 
 

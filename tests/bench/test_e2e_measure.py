@@ -89,6 +89,21 @@ def test_sglang_client_gets_one_command_line_for_every_system(tmp_path):
     assert "--lora-name" not in measure.sglang_argv(srv, point, [], 3, tmp_path / "out.jsonl")
 
 
+def test_the_share75_point_asks_sglangs_skewed_law_at_4_whose_top_adapter_has_three_quarters(tmp_path):
+    """SGLang's client weighs adapter i by alpha**-i: at 4 over 4 adapters the top one has 64/85."""
+    from bench.e2e import plan
+    from sglang_vlora.server_process import ServerProcess
+
+    srv = ServerProcess(url="http://127.0.0.1:1", log_path=tmp_path / "log", process=None, command=[])
+    point = plan.GPU_POINTS["sgl-mixed-share75"]
+    argv = measure.sglang_argv(srv, point, ["a", "b", "c", "d"], 3, tmp_path / "out.jsonl")
+    alpha = float(argv[argv.index("--lora-zipf-alpha") + 1])
+    assert argv[argv.index("--lora-request-distribution") + 1] == "skewed"
+    weights = [alpha ** -i for i in range(4)]
+    assert round(weights[0] / sum(weights), 2) == 0.75
+    assert plan.CALLS["mixed-share75-blocks"].points == ("sgl-mixed-share75",)
+
+
 def test_sglang_details_give_each_requests_latencies_in_request_order():
     raw = {"ttfts": [0.1, 0.0, 0.2], "itls": [[0.01, 0.02], [], [0.05]], "errors": ["", "timeout", ""]}
     rows = measure.sglang_per_request(raw)
