@@ -520,24 +520,16 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
     if speeds:
         lines += ["", *speeds]
     lines += ["", "## What the orchestrator did (from /vlora/status)", "", *orchestrator_table(runs)]
-    paired = paired_table(runs)
-    if paired:
-        lines += ["", "## LoRA cost request by request", "", *paired]
-    by_trace = trace_table(runs)
-    if by_trace:
-        lines += ["", "## LoRA cost request trace by request trace (densest arrivals first)", "", *by_trace]
-    by_share = popularity_table(runs)
-    if by_share:
-        lines += ["", "## LoRA cost by the top adapter's share of a round's requests", "", *by_share]
-    unqueued = unqueued_table(runs)
-    if unqueued:
-        lines += ["", "## One prefill without a queue: TTFT's 10th percentile", "", *unqueued]
-    by_adapter = adapter_table(runs)
-    if by_adapter:
-        lines += ["", "## The most requested adapter's requests and the others' (our client)", "", *by_adapter]
-    issues = problems(runs)
-    if issues:
-        lines += ["", "## Not measured", "", *issues]
+    # Sections shown only where the runs have something for them.
+    for title, table in (("LoRA cost request by request", paired_table),
+                         ("LoRA cost request trace by request trace (densest arrivals first)", trace_table),
+                         ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
+                         ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
+                         ("The most requested adapter's requests and the others' (our client)", adapter_table),
+                         ("Not measured", problems)):
+        section = table(runs)
+        if section:
+            lines += ["", f"## {title}", "", *section]
     caveats = sorted({c for r in runs for c in r.get("caveats", [])})
     lines += ["", "## What differs from a production install", "", *[f"- {c}" for c in caveats]]
     return "\n".join(lines) + "\n"
