@@ -277,8 +277,9 @@ class MeasuredCosts:
                          at: float = 0.0) -> None:
         """One timed forward iteration: ``prefill_tokens`` new prompt tokens (0 for a decode
         step) and ``decode_requests`` requests gaining one token (a mixed batch has both);
-        ``at``: when its timing was read. One far slower than its mode's fit predicts is kept
-        as a :class:`SlowIteration` (a sample all the same: the fit sees what serving costs)."""
+        ``at``: when its timing was read. One far slower than its mode's fit predicts, where the
+        fit has seen such work, is kept as a :class:`SlowIteration` (a sample all the same: the
+        fit sees what serving costs)."""
         if seconds <= 0 or not math.isfinite(seconds) or prefill_tokens < 0 or decode_requests < 0:
             return
         if prefill_tokens == decode_requests == 0:
@@ -291,12 +292,20 @@ class MeasuredCosts:
             predicted = fit.seconds(prefill_tokens, decode_requests)
             if not predicted / MISS_FACTOR <= seconds <= predicted * MISS_FACTOR:
                 self._misses[mode] += 1
-            if seconds > predicted * MISS_FACTOR and seconds - predicted > SLOW_MARGIN_S:
+            if (seconds > predicted * MISS_FACTOR and seconds - predicted > SLOW_MARGIN_S
+                    and self._fit_has_seen(mode, prefill_tokens, decode_requests)):
                 self.slow.append(SlowIteration(at, mode, prefill_tokens, decode_requests, seconds, predicted))
                 self.slow_count += 1
                 self.slow_excess_s += seconds - predicted
         if self._due(mode):
             self._snapshot = None
+
+    def _fit_has_seen(self, mode: Mode, prefill_tokens: int, decode_requests: int) -> bool:
+        """Whether ``mode``'s fit was made of work like this: a fit of decode steps alone
+        predicts nothing for a prefill (0 s for 1500 tokens, seen on the H200), so a prefill
+        is judged only by a fit that saw prefills, a decode step by one that saw decode steps."""
+        prefill, decode = self._figures.get(mode, (None, None))
+        return (prefill_tokens == 0 or prefill is not None) and (decode_requests == 0 or decode is not None)
 
     def _due(self, mode: Mode) -> bool:
         fit = self.fits.get(mode)

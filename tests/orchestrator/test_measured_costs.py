@@ -395,3 +395,23 @@ def test_an_iteration_far_slower_than_its_fit_is_kept_as_a_stall():
     for i in range(SLOW_KEPT + 3):  # the count goes on; the list keeps the latest
         costs.record_iteration(Mode.MERGE, 0, 4, 0.5, at=10.0 + i)
     assert costs.slow_count == SLOW_KEPT + 4 and len(costs.slow) == SLOW_KEPT and costs.slow[-1].at == 10.0 + SLOW_KEPT + 2
+
+
+def test_a_fit_judges_only_work_it_has_seen():
+    """A mixture fit made of decode steps alone predicts about nothing for a 1500-token prefill:
+    that prefill is a sample (the next fit learns from it), not a stall; once the fit has seen
+    prefills, a prefill far over it is one."""
+    costs = MeasuredCosts(LAYERS)
+    for i in range(8):
+        costs.record_iteration(Mode.MIXTURE, 0, 4 + i % 2, 0.008)
+    costs.snapshot()
+    assert costs.fits[Mode.MIXTURE].seconds(1500, 0) < 0.02
+    costs.record_iteration(Mode.MIXTURE, 1500, 0, 0.080, at=1.0)
+    assert costs.slow_count == 0
+    costs.record_iteration(Mode.MIXTURE, 0, 4, 0.400, at=2.0)  # a decode step the fit knows: a stall
+    assert [(s.at, s.prefill_tokens) for s in costs.slow] == [(2.0, 0)]
+    for i in range(8):
+        costs.record_iteration(Mode.MIXTURE, 1400 + 20 * i, 0, 0.048 + 1e-6 * 20 * i)
+    costs.snapshot()
+    costs.record_iteration(Mode.MIXTURE, 1500, 0, 0.400, at=3.0)
+    assert [(s.at, s.prefill_tokens) for s in costs.slow] == [(2.0, 0), (3.0, 1500)]
