@@ -573,14 +573,10 @@ def round_means(runs: Sequence[dict[str, Any]], point: str) -> list[tuple[int | 
     each system's mean E2E ms."""
     out = []
     for run in runs:
-        by_repeat: dict[int, dict[str, float]] = defaultdict(dict)
-        traces: dict[int, int | None] = {}
-        for m in run["measurements"]:
-            mean = (m.get("metrics") or {}).get("e2e_ms", {}).get("mean")
-            if m.get("status") == "ok" and m["point"] == point and mean is not None:
-                by_repeat[m["repeat"]][m["system"]] = mean
-                traces[m["repeat"]] = round_trace(run, m)
-        out += [(traces[repeat], means) for repeat, means in by_repeat.items()]
+        for (p, _), by_system in _measured_rounds(run).items():
+            if p == point:
+                trace = round_trace(run, next(iter(by_system.values())))
+                out.append((trace, {system: m["metrics"]["e2e_ms"]["mean"] for system, m in by_system.items()}))
     return out
 
 
