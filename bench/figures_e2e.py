@@ -39,10 +39,9 @@ if (RESULTS / MERGED).exists():
 
 def e2e_current(merged: dict[str, Any]) -> str:
     sel = merged["selection"]
-    revisions = sel["package_as"]
-    named = " or ".join(rev[:10] for rev in revisions)
     intro = (f"Only the calls that ran the plugin (`sglang_vlora/`, `cuda/`, `pyproject.toml`) as it is at "
-             f"revision{'s' if len(revisions) > 1 else ''} {named}: {sel['calls']} of the {sel['of']} calls given.")
+             f"revision{'s' if len(sel['package_as']) > 1 else ''} {e2e_report.selected_revisions(sel)}: "
+             f"{sel['calls']} of the {sel['of']} calls given.")
     return intro + " " + e2e_headline(merged)
 
 

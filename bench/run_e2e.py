@@ -116,10 +116,6 @@ def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": str(model), "adapters": {k: str(v) for k, v in adapters.items()}}
 
 
-def _revisions(selection: dict) -> str:
-    return " or ".join(rev[:10] for rev in selection["package_as"])
-
-
 def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     if args.readme is not None and args.readme.resolve() == REPO / "README.md" and out.resolve() != DEFAULT_REPORT:
@@ -142,8 +138,8 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"error: {e}") from None
         if not runs:
             raise SystemExit(f"error: none of the {selection['of']} calls given ran the plugin as it is "
-                             f"at {' or '.join(args.package_as)} ({_revisions(selection)})")
-        print(f"[e2e] {selection['calls']} of {selection['of']} calls ran the plugin as at {_revisions(selection)}")
+                             f"at {' or '.join(args.package_as)} ({report.selected_revisions(selection)})")
+        print(f"[e2e] {selection['calls']} of {selection['of']} calls ran the plugin as at {report.selected_revisions(selection)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     sources = list(dict.fromkeys(_rel(Path(r["_file"])) for r in runs))  # a merged file gives several runs
     combined = report.merged(runs, sources, selection)

@@ -722,6 +722,11 @@ def same_package(runs: Sequence[dict[str, Any]],
     return kept, {"package_as": fulls, "package_tree": trees_wanted, "calls": len(kept), "of": len(runs)}
 
 
+def selected_revisions(selection: dict[str, Any]) -> str:
+    """The revisions a :func:`same_package` selection kept the calls of, short, joined by "or"."""
+    return " or ".join(rev[:10] for rev in selection["package_as"])
+
+
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
            selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """One results file for the docs: every run, the files they came from, and their
