@@ -143,8 +143,7 @@ def cmd_report(args: argparse.Namespace) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     sources = list(dict.fromkeys(_rel(Path(r["_file"])) for r in runs))  # a merged file gives several runs
     combined = report.merged(runs, sources, selection)
-    # Compact: the merged file repeats every call's results, which are kept indented apart.
-    runner.write_json(out.with_suffix(".json"), combined, indent=None)
+    runner.write_json(out.with_suffix(".json"), combined)
     md = out.with_suffix(".md")
     md.write_text(report.markdown(runs))
     files = [out.with_suffix(".json"), md, *report.plots(runs, out)]

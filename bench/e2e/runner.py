@@ -62,11 +62,14 @@ def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed
     }
 
 
-def write_json(path: Path, report: dict[str, Any], indent: int | None = 1) -> None:
-    """Write ``report`` through a temporary file; ``indent=None`` writes it compact."""
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    """Write ``report`` compact, through a temporary file.
+
+    Compact because every call's file is kept in ``bench/results/e2e`` and the tree travels to
+    the GPU machine with each command, within a size limit (docs/bench.md).
+    """
     tmp = path.with_suffix(".json.tmp")
-    separators = (",", ":") if indent is None else None
-    tmp.write_text(json.dumps(report, indent=indent, separators=separators, default=str))
+    tmp.write_text(json.dumps(report, separators=(",", ":"), default=str))
     tmp.replace(path)
 
 

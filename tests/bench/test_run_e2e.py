@@ -69,7 +69,8 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
     readme.write_text("# x\n<!-- e2e-headline:begin -->\nold\n<!-- e2e-headline:end -->\n")
     run_e2e.main(["report", str(out / "smoke.json"), "--out", str(tmp_path / "merged"), "--readme", str(readme)])
     merged_text = (tmp_path / "merged.json").read_text()
-    assert "\n" not in merged_text  # compact: it repeats every call's results
+    assert "\n" not in merged_text  # compact: the tree travels to the GPU machine within a size limit
+    assert "\n" not in (out / "smoke.json").read_text()  # a call's own file too
     merged = json.loads(merged_text)
     assert merged["runs"][0]["run_id"] == result["run_id"] and merged["provenance"]["git"]["commit"]
     assert report.load([tmp_path / "merged.json"])[0]["measurements"][0]["metrics"] == done[0]["metrics"]
