@@ -477,6 +477,54 @@ def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# A round whose inter-token latency has its 90th percentile above this many times its median had
+# its decode batch interrupted by prefills in more than one token gap in ten.
+INTERRUPTED_P90_OVER_MEDIAN = 3.0
+
+
+def interrupted(measurement: dict[str, Any]) -> bool | None:
+    """Whether more than one of the round's token gaps in ten held a prefill, from SGLang's
+    client's inter-token latencies (None without them). The 90th percentile is then a prefill's
+    length (40-100 ms eager on the H200) where it is otherwise a decode step's (10-20 ms). In the
+    72 share-75 measurements on the H200 (2026-11-28) it read under 2.35x the median or over 5.09x;
+    over all 838 H200 measurements with SGLang's client, 46 lie between 2.5x and 5x."""
+    result = measurement.get("sglang_result") or {}
+    median, p90 = result.get("median_itl_ms"), result.get("p90_itl_ms")
+    if not median or p90 is None:
+        return None
+    return p90 > INTERRUPTED_P90_OVER_MEDIAN * median
+
+
+def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point and system, how many rounds had their decode interrupted by prefills in more
+    than one token gap in ten (:func:`interrupted`), and a LoRA system's mean cost over the floor
+    in those rounds and in the others. Why: a round at the edge of the server's capacity tips
+    into it or not from run to run, and a tipped round costs hundreds of ms, so how many rounds
+    of each system tipped decides much of a ratio over a few tens of rounds."""
+    rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"rounds": 0, "tipped": 0, True: [], False: []})
+    for run in runs:
+        for (point, _), by_system in _measured_rounds(run).items():
+            floor = by_system.get(plan.FLOOR)
+            for system, m in by_system.items():
+                tipped = interrupted(m)
+                if tipped is None:
+                    continue
+                row = rows[point, system]
+                row["rounds"] += 1
+                row["tipped"] += tipped
+                if floor is not None and system != plan.FLOOR:
+                    row[tipped].append(m["metrics"]["e2e_ms"]["mean"] - floor["metrics"]["e2e_ms"]["mean"])
+    if not any(row["tipped"] for row in rows.values()):
+        return []
+    lines = [f"| point | system | rounds with inter-token p90 over {INTERRUPTED_P90_OVER_MEDIAN:g}x its median | "
+             "LoRA cost ms a round, those rounds (n) | the other rounds (n) |", "|---|---|---|---|---|"]
+    order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
+    for (point, system), row in sorted(rows.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])):
+        cells = [f"{statistics.fmean(row[t]):+.0f} ({len(row[t])})" if row[t] else "-" for t in (True, False)]
+        lines.append(f"| {point} | {system} | {row['tipped']} of {row['rounds']} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
@@ -525,6 +573,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("LoRA cost request trace by request trace (densest arrivals first)", trace_table),
                          ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
+                         ("Rounds whose decode was interrupted by prefills", interrupted_table),
                          ("The most requested adapter's requests and the others' (our client)", adapter_table),
                          ("Not measured", problems)):
         section = table(runs)

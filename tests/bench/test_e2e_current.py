@@ -290,3 +290,31 @@ def test_the_popularity_table_groups_rounds_by_the_top_adapters_share():
     assert report.top_adapter_share({"admission_waits": {"base": {"requests": 5}}}) is None
     assert report.popularity_table(runs, peer="triton") == []
     assert "## LoRA cost by the top adapter's share of a round's requests" in report.markdown(runs)
+
+
+def _with_itl(run: dict, itl: dict[str, list[tuple[float, float]]]) -> dict:
+    """SGLang's client's median and 90th-percentile inter-token latency per system, round by round."""
+    for m in run["measurements"]:
+        median, p90 = itl[m["system"]][m["repeat"]]
+        m["sglang_result"] = {"median_itl_ms": median, "p90_itl_ms": p90}
+    return run
+
+
+def test_the_interrupted_table_counts_rounds_whose_p90_gap_was_a_prefill():
+    """Three rounds: ours tipped in one (p90 over 3x the median), csgmv in two, the floor in
+    none; each LoRA system's mean cost in its tipped rounds and in the others."""
+    run = _with_itl(_call(80, [(400.0, 500.0), (20.0, 300.0), (40.0, 100.0)]),
+                    {"nolora": [(8.0, 12.0), (8.0, 20.0), (8.0, 11.0)],
+                     "vlora": [(8.5, 70.0), (8.4, 14.0), (8.4, 25.2)],  # 25.2 = 3.0x: not over
+                     "csgmv": [(9.5, 60.0), (9.4, 15.0), (9.5, 50.0)]})
+    lines = report.interrupted_table([run])
+    assert lines == ["| point | system | rounds with inter-token p90 over 3x its median | LoRA cost ms a round, "
+                     "those rounds (n) | the other rounds (n) |", "|---|---|---|---|---|",
+                     "| sgl-mixed | nolora | 0 of 3 | - | - |",
+                     "| sgl-mixed | vlora | 1 of 3 | +400 (1) | +30 (2) |",
+                     "| sgl-mixed | csgmv | 2 of 3 | +300 (2) | +300 (1) |"]
+    assert "## Rounds whose decode was interrupted by prefills" in report.markdown([run])
+    # our own client records no inter-token latencies; no round tipped: no section
+    assert report.interrupted(_call(80, [(1.0, 2.0)])["measurements"][0]) is None
+    calm = _with_itl(_call(80, [(1.0, 2.0)]), {s: [(8.0, 12.0)] for s in ("nolora", "vlora", "csgmv")})
+    assert report.interrupted_table([calm]) == []
