@@ -1,5 +1,6 @@
-"""The plugin's HTTP API, in SGLang's HTTP server process: ``POST /vlora/mode`` and
-``GET /vlora/status``, and the client of the scheduler's RPC socket they go through.
+"""The plugin's HTTP API, in SGLang's HTTP server process: ``POST /vlora/mode``,
+``GET /vlora/status`` and ``GET /vlora/timeline?since=UNIX_TIME``, and the client of the
+scheduler's RPC socket they go through.
 
 SGLang's HTTP app has no API for new routes and its RPC socket is bound by SGLang's
 ``Engine``, which does not exist in HTTP-server mode: the hook
@@ -11,14 +12,15 @@ switches at the same point. An answer is JSON: the body on success, else
 ``{"error": ..., "status": ...}`` (:func:`rpc_failure`).
 
 Auth: ``/vlora/mode`` carries SGLang's ``ADMIN_OPTIONAL`` level, like its own
-``/load_lora_adapter``; ``/vlora/status`` (in :data:`ANY_KEY_ROUTES`) reads with any configured
-key (:func:`sglang_vlora.guard_hooks.decide_auth_around`).
+``/load_lora_adapter``; ``/vlora/status`` and ``/vlora/timeline`` (in :data:`ANY_KEY_ROUTES`) read
+with any configured key (:func:`sglang_vlora.guard_hooks.decide_auth_around`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -30,12 +32,14 @@ from sglang_vlora.modes.controller import SlotBusyError
 
 RPC_MODE = "vlora_mode"
 RPC_STATUS = "vlora_status"
+RPC_TIMELINE = "vlora_timeline"
 # POST /vlora/mode may wait this long for a pool slot ("wait_s").
 MAX_WAIT_S = 60.0
 MODE_ROUTE = "/vlora/mode"
 STATUS_ROUTE = "/vlora/status"
+TIMELINE_ROUTE = "/vlora/timeline"
 # Routes readable with the user key or the admin key (when keys are configured).
-ANY_KEY_ROUTES = frozenset({STATUS_ROUTE})
+ANY_KEY_ROUTES = frozenset({STATUS_ROUTE, TIMELINE_ROUTE})
 
 
 def rpc_failure(message: str, status: int) -> str:
@@ -102,6 +106,18 @@ def _mode_body(body: Any) -> tuple[dict[str, Any] | None, str | None]:
     return {"mode": mode, "adapter": adapter, "wait_s": float(wait)}, None
 
 
+def timeline_since(text: str) -> tuple[float | None, str | None]:
+    """``GET /vlora/timeline``'s ``since`` (a unix time in seconds, 0 for everything kept), or
+    the error that refuses it."""
+    try:
+        since = float(text)
+    except ValueError:
+        return None, f"since must be a unix time in seconds, not {text!r}"
+    if not math.isfinite(since) or since < 0:
+        return None, f"since must be a finite unix time of 0 or more, not {text!r}"
+    return since, None
+
+
 async def _call(rpc: SchedulerRPC, method: str, parameters: dict | None, wait_s: float = 0.0) -> JSONResponse:
     """One RPC as an HTTP answer; a 409 (no pool slot) is retried until ``wait_s`` passes."""
     deadline = time.monotonic() + wait_s
@@ -120,8 +136,8 @@ async def _call(rpc: SchedulerRPC, method: str, parameters: dict | None, wait_s:
 
 def add_routes(rpc: SchedulerRPC) -> None:
     """Add ``POST /vlora/mode`` (SGLang's ``ADMIN_OPTIONAL`` auth level: with
-    ``--admin-api-key`` only that key, with only ``--api-key`` that key, with none open) and
-    ``GET /vlora/status`` (any configured key) to SGLang's HTTP app."""
+    ``--admin-api-key`` only that key, with only ``--api-key`` that key, with none open),
+    ``GET /vlora/status`` and ``GET /vlora/timeline`` (any configured key) to SGLang's HTTP app."""
     from sglang.srt.entrypoints.http_server import app
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
@@ -140,5 +156,12 @@ def add_routes(rpc: SchedulerRPC) -> None:
     async def get_status() -> JSONResponse:
         return await _call(rpc, RPC_STATUS, None)
 
+    async def get_timeline(request: Request) -> JSONResponse:
+        since, error = timeline_since(request.query_params.get("since", "0"))
+        if error is not None:
+            return JSONResponse({"error": error}, status_code=400)
+        return await _call(rpc, RPC_TIMELINE, {"since": since})
+
     app.add_api_route(MODE_ROUTE, set_mode, methods=["POST"])
     app.add_api_route(STATUS_ROUTE, get_status, methods=["GET"])
+    app.add_api_route(TIMELINE_ROUTE, get_timeline, methods=["GET"])

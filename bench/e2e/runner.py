@@ -139,6 +139,7 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
                 clients: Clients) -> dict[str, Any]:
     servers.flush_cache(server)  # no measurement reuses another's prefix KV
     before = servers.vlora_status(server) if system.plugin else None
+    started_unix = time.time()
     t0 = time.monotonic()
     if point.client == "sglang":
         result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
@@ -151,7 +152,22 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
         after = servers.vlora_status(server)
         result["orchestrator"] = servers.orchestrator_summary(before, after)
         result["vlora_status"] = {"before": before, "after": after}
+        result["timeline"] = save_timeline(server, system.name, point.id, started_unix, clients.work_dir.parent)
     return result
+
+
+def save_timeline(server: ServerProcess, system: str, point: str, since: float, log_dir: Path) -> dict[str, Any] | None:
+    """Every iteration ours timed during the measurement (``GET /vlora/timeline``), written to
+    ``<log-dir>/timelines/`` beside the server logs (a round's 1-2k iterations would double a
+    results file); the results keep the file's name, how many and whether none was dropped."""
+    timeline = servers.vlora_timeline(server, since)
+    if timeline is None:
+        return None
+    path = log_dir / "timelines" / f"{system}_{point}_{since:.0f}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, timeline)
+    return {"file": str(path.relative_to(log_dir)), "iterations": len(timeline.get("iterations", [])),
+            "complete": timeline.get("complete")}
 
 
 def _expected_s(point: Point) -> float:

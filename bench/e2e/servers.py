@@ -191,6 +191,18 @@ def vlora_status(server: ServerProcess) -> dict[str, Any] | None:
         return None
 
 
+def vlora_timeline(server: ServerProcess, since: float) -> dict[str, Any] | None:
+    """``GET /vlora/timeline?since=``: every iteration the orchestrator timed after unix time
+    ``since`` (None if it does not answer with JSON: a server without an orchestrator)."""
+    code, body = server_process.get_json(f"{server.url}/vlora/timeline?since={since:.3f}", timeout_s=30)
+    if code != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def status_delta(before: Any, after: Any) -> Any:
     """What changed during a measurement: counters (numbers in both snapshots) as
     differences, nested dicts field by field, anything else as it is after. Read this way,

@@ -35,7 +35,7 @@ import torch
 
 from sglang_vlora import in_gemm_weights
 from sglang_vlora.config import NEVER_MERGES
-from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, SchedulerRPC, add_routes, rpc_failure
+from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, RPC_TIMELINE, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -198,6 +198,10 @@ def _answer(rt: VLoRARuntime, scheduler, method: str, params: dict) -> dict:
     if method == RPC_STATUS:
         return {**ctl.status(), "orchestrator": orch.status() if orch is not None else None,
                 "cuda_allocator": allocator_counters()}
+    if method == RPC_TIMELINE:
+        if orch is None:
+            raise ValueError("no iteration is timed without an orchestrator (--vlora-policy manual)")
+        return orch.timeline.since(float(params["since"]))
     if orch is not None:
         raise ValueError(
             f"modes are chosen by --vlora-policy {orch.policy_name}; start the server with "
@@ -207,9 +211,9 @@ def _answer(rt: VLoRARuntime, scheduler, method: str, params: dict) -> dict:
 
 
 def rpc_around(rt: VLoRARuntime, original, self, recv_req):
-    """AROUND ``Scheduler.handle_rpc_request``: our two methods answer with JSON. Nothing a
+    """AROUND ``Scheduler.handle_rpc_request``: our three methods answer with JSON. Nothing a
     control call does may stop the scheduler: every error becomes the call's answer."""
-    if recv_req.method not in (RPC_MODE, RPC_STATUS):
+    if recv_req.method not in (RPC_MODE, RPC_STATUS, RPC_TIMELINE):
         return original(self, recv_req)
     from sglang.srt.managers.io_struct import RpcReqOutput
 
@@ -226,7 +230,7 @@ def rpc_around(rt: VLoRARuntime, original, self, recv_req):
 # ------------------------------------------------------------------ HTTP server hooks
 def launch_subprocesses_after(rt: VLoRARuntime, result, cls, *args, **kwargs):
     """AFTER ``Engine._launch_subprocesses`` (HTTP server): connect to the scheduler's RPC
-    socket and add ``/vlora/mode`` and ``/vlora/status`` to the HTTP app."""
+    socket and add ``/vlora/mode``, ``/vlora/status`` and ``/vlora/timeline`` to the HTTP app."""
     from sglang.srt.server_args import PortArgs
 
     port_args = next((item for item in result if isinstance(item, PortArgs)), None)

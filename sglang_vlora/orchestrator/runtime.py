@@ -47,6 +47,7 @@ from sglang_vlora.orchestrator.limits import DerivedLimits
 from sglang_vlora.orchestrator.policy import DECISION_REASONS, PolicyConfig, make_policy
 from sglang_vlora.orchestrator.request_params import application_and_slo
 from sglang_vlora.orchestrator.state import Decision, Mode, Request, SchedulerState
+from sglang_vlora.orchestrator.timeline import IterationTimeline
 from sglang_vlora.orchestrator.timing import BatchTimer, Clock, Intervals, WallClock
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class Orchestrator:
         self.metrics = OrchestratorMetrics() if scheduler.server_args.enable_metrics and self.is_source else None
         self._streams = _Streams(scheduler)
         self.batch_timer: BatchTimer = BatchTimer(self._streams.clock(forward=True))
+        # every timed iteration in order, for GET /vlora/timeline (timed where the cost model is measured)
+        self.timeline = IterationTimeline()
         self.switch_timer: Intervals = Intervals(self._streams.clock(forward=False))
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
@@ -221,6 +224,7 @@ class Orchestrator:
             now = time.time()
             for (mode, tokens, requests), seconds in self.batch_timer.collect():
                 self.measured.record_iteration(mode, tokens, requests, seconds, at=now)
+                self.timeline.record(now, mode, tokens, requests, seconds)
 
     # ------------------------------------------------------------------- deciding
     def _cost(self) -> CostModel:

@@ -48,6 +48,10 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         assert met["completed"] == met["requests"] > 0 and met["errors"] == 0, m
         assert 0 < met["ttft_ms"]["mean"] <= met["e2e_ms"]["mean"] <= met["e2e_ms"]["p99"]
         assert m["orchestrator"]["iterations"], m  # /vlora/status answered and moved
+        # every iteration ours timed during the measurement, in a file beside the server logs
+        timeline = json.loads((tmp_path / "logs" / m["timeline"]["file"]).read_text())
+        assert m["timeline"]["iterations"] == len(timeline["iterations"]) > 0 and m["timeline"]["complete"]
+        assert all(row[0] >= m["started_at_unix"] - 1 for row in timeline["iterations"])
         reasons, decisions = m["orchestrator"]["decision_reasons"], m["orchestrator"]["decisions"]
         assert sum(reasons.values()) == sum(decisions.values()) > 0, (reasons, decisions)
     sgl = [m for m in done if m["point"] == "sgl-mixed"]

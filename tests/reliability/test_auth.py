@@ -1,6 +1,7 @@
 """The plugin's routes carry SGLang's auth levels, like SGLang's own admin endpoints:
 ``POST /vlora/mode`` is ADMIN_OPTIONAL (with an admin key only it; with only ``--api-key``
-that key; with no key open), ``GET /vlora/status`` reads with any configured key. Three
+that key; with no key open), ``GET /vlora/status`` and ``GET /vlora/timeline`` read with any
+configured key. Three
 servers: both keys (``guarded``), only ``--api-key`` (``one_key``, which also runs the
 orchestrator, SGLang's ``--lora-target-modules all`` and a small image limit), and none (the
 shared one)."""
@@ -25,9 +26,15 @@ def status_status(server, headers: dict) -> int:
     return httpx.get(server.url + "/vlora/status", headers=headers, timeout=60).status_code
 
 
+def timeline_status(server, headers: dict) -> int:
+    return httpx.get(server.url + "/vlora/timeline", headers=headers, timeout=60).status_code
+
+
 def test_both_keys_mode_takes_only_the_admin_key_status_either(guarded):
     assert [mode_call(guarded, h).status_code for h in (NONE, WRONG, USER, ADMIN)] == [401, 401, 401, 200]
     assert [status_status(guarded, h) for h in (NONE, WRONG, USER, ADMIN)] == [401, 401, 200, 200]
+    # past the key check, the manual policy's answer: no iteration is timed without an orchestrator
+    assert [timeline_status(guarded, h) for h in (NONE, WRONG, USER, ADMIN)] == [401, 401, 400, 400]
     # SGLang's own levels, unchanged: its admin endpoint refuses the user key, generation the admin key.
     load = httpx.post(guarded.url + "/load_lora_adapter", json={"lora_name": "x", "lora_path": "y"}, headers=USER, timeout=60)
     assert load.status_code == 401
@@ -42,6 +49,7 @@ def test_only_the_api_key_guards_every_route(one_key):
     accepted = mode_call(one_key, USER)  # past the key check: this server's modes follow its policy
     assert accepted.status_code == 400 and "--vlora-policy manual" in accepted.text
     assert [status_status(one_key, h) for h in (NONE, WRONG, USER)] == [401, 401, 200]
+    assert [timeline_status(one_key, h) for h in (NONE, WRONG, USER)] == [401, 401, 200]  # it runs the orchestrator
 
 
 def test_no_keys_leave_the_routes_open(server):

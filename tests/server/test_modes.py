@@ -123,6 +123,13 @@ def test_bad_mode_requests_are_400(server, body, reason):
     assert httpx.get(server.url + "/vlora/status", timeout=60).json()["mode"] == "unmerge"
 
 
+def test_the_timeline_needs_an_orchestrator(server):
+    """Under --vlora-policy manual no iteration is timed: GET /vlora/timeline says so (400)."""
+    response = httpx.get(server.url + "/vlora/timeline", timeout=60)
+    assert response.status_code == 400 and "--vlora-policy manual" in response.json()["error"], response.text
+    assert httpx.get(server.url + "/vlora/status", timeout=60).status_code == 200
+
+
 def test_bad_json_is_400(server):
     response = httpx.post(server.url + "/vlora/mode", content=b"{oops", timeout=60)
     assert response.status_code == 400

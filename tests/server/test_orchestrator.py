@@ -166,6 +166,28 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated, r
     assert sum(arrivals["shares"].values()) == pytest.approx(1.0)
 
 
+def test_the_timeline_lists_each_timed_iteration_in_order(orchestrated, reference):
+    """GET /vlora/timeline?since=T: every iteration timed after T, in order, with its mode
+    and work; the ones a workload ran are there, as many as the status counts (less the
+    iterations not timed: the first request's and the one whose timing is still pending).
+    A bad ``since`` is a 400 and the server keeps serving."""
+    since = max((row[0] for row in httpx.get(orchestrated.url + "/vlora/timeline", timeout=60)
+                 .json()["iterations"]), default=0.0)
+    counts = run_workload(orchestrated, reference, ALL * 2)
+    answer = httpx.get(orchestrated.url + "/vlora/timeline", params={"since": since}, timeout=60).json()
+    assert answer["complete"] and answer["columns"][:2] == ["at", "mode"]
+    rows = answer["iterations"]
+    assert rows and [r[0] for r in rows] == sorted(r[0] for r in rows) and all(r[0] > since for r in rows)
+    assert all(mode in ("merge", "mixture", "unmerge") and tokens + requests > 0 and seconds > 0
+               for _, mode, tokens, requests, seconds in rows)
+    ran = sum(counts.values())
+    assert ran - 2 <= len(rows) <= ran + 2, (len(rows), counts)  # timings are read an iteration late
+    for bad in ("soon", "-1", "nan"):
+        response = httpx.get(orchestrated.url + "/vlora/timeline", params={"since": bad}, timeout=60)
+        assert response.status_code == 400 and "since must be" in response.json()["error"], response.text
+    assert generate(orchestrated, {}).status_code == 200
+
+
 def test_the_first_request_the_server_ran_is_not_a_cost_sample(orchestrated):
     """SGLang's warm-up (at most 8 output tokens) is the first request: its iterations pay
     one-off costs and are listed apart, not fitted. Its prompt may take several 64-token
