@@ -180,27 +180,26 @@ def flush_cache(server: ServerProcess, wait_s: float = FLUSH_WAIT_S) -> None:
         raise RuntimeError(f"flush_cache answered {code}: {body[:200]!r}")
 
 
-def vlora_status(server: ServerProcess) -> dict[str, Any] | None:
-    """``GET /vlora/status`` (None if it does not answer with JSON)."""
-    code, body = server_process.get_json(server.url + "/vlora/status", timeout_s=10)
+def _json_or_none(url: str, timeout_s: float) -> dict[str, Any] | None:
+    """GET ``url``: its JSON body when it answers 200 with JSON, else None."""
+    code, body = server_process.get_json(url, timeout_s=timeout_s)
     if code != 200:
         return None
     try:
         return json.loads(body)
     except ValueError:
         return None
+
+
+def vlora_status(server: ServerProcess) -> dict[str, Any] | None:
+    """``GET /vlora/status`` (None if it does not answer with JSON)."""
+    return _json_or_none(server.url + "/vlora/status", timeout_s=10)
 
 
 def vlora_timeline(server: ServerProcess, since: float) -> dict[str, Any] | None:
     """``GET /vlora/timeline?since=``: every iteration the orchestrator timed after unix time
     ``since`` (None if it does not answer with JSON: a server without an orchestrator)."""
-    code, body = server_process.get_json(f"{server.url}/vlora/timeline?since={since:.3f}", timeout_s=30)
-    if code != 200:
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
+    return _json_or_none(f"{server.url}/vlora/timeline?since={since:.3f}", timeout_s=30)
 
 
 def status_delta(before: Any, after: Any) -> Any:

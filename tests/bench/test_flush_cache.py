@@ -42,6 +42,7 @@ def test_every_measurement_flushes_first(monkeypatch, tmp_path):
     calls: list[str] = []
     monkeypatch.setattr(servers, "flush_cache", lambda srv: calls.append("flush"))
     monkeypatch.setattr(servers, "vlora_status", lambda srv: calls.append("status") or {})
+    monkeypatch.setattr(servers, "vlora_timeline", lambda srv, since: calls.append("timeline") or None)
 
     def run_own(srv, reqs, labels=None):
         calls.append("requests")
@@ -52,4 +53,4 @@ def test_every_measurement_flushes_first(monkeypatch, tmp_path):
     clients = runner.Clients(tmp_path)
     monkeypatch.setattr(clients, "requests", lambda *a: [])
     runner.measure_one(object(), plan.SYSTEMS["vlora"], point, ["a"], 0, clients)
-    assert calls[:3] == ["flush", "status", "requests"]
+    assert calls == ["flush", "status", "requests", "status", "timeline"]
