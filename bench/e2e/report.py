@@ -501,7 +501,7 @@ def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     in those rounds and in the others. Why: a round at the edge of the server's capacity tips
     into it or not from run to run, and a tipped round costs hundreds of ms, so how many rounds
     of each system tipped decides much of a ratio over a few tens of rounds."""
-    rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"rounds": 0, "tipped": 0, True: [], False: []})
+    rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"rounds": 0, "tipped": 0, "costs": ([], [])})
     for run in runs:
         for (point, _), by_system in _measured_rounds(run).items():
             floor = by_system.get(plan.FLOOR)
@@ -512,15 +512,15 @@ def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                 row = rows[point, system]
                 row["rounds"] += 1
                 row["tipped"] += tipped
-                if floor is not None and system != plan.FLOOR:
-                    row[tipped].append(m["metrics"]["e2e_ms"]["mean"] - floor["metrics"]["e2e_ms"]["mean"])
+                if floor is not None and system != plan.FLOOR:  # costs: (those rounds, the others)
+                    row["costs"][not tipped].append(m["metrics"]["e2e_ms"]["mean"] - floor["metrics"]["e2e_ms"]["mean"])
     if not any(row["tipped"] for row in rows.values()):
         return []
     lines = [f"| point | system | rounds with inter-token p90 over {INTERRUPTED_P90_OVER_MEDIAN:g}x its median | "
              "LoRA cost ms a round, those rounds (n) | the other rounds (n) |", "|---|---|---|---|---|"]
     order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
     for (point, system), row in sorted(rows.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])):
-        cells = [f"{statistics.fmean(row[t]):+.0f} ({len(row[t])})" if row[t] else "-" for t in (True, False)]
+        cells = [f"{statistics.fmean(costs):+.0f} ({len(costs)})" if costs else "-" for costs in row["costs"]]
         lines.append(f"| {point} | {system} | {row['tipped']} of {row['rounds']} | {cells[0]} | {cells[1]} |")
     return lines
 

@@ -44,3 +44,13 @@ def test_since_reads_a_unix_time(text, since):
 def test_a_bad_since_is_refused_with_the_reason(text):
     since, error = timeline_since(text)
     assert since is None and "since must be" in error and repr(text) in error
+
+
+def test_the_newest_iterations_come_back_oldest_first():
+    """Of 10,000 kept, the two after ``t`` (``since`` reads back from the newest and stops at
+    the first not after ``t``), oldest first, with the mode as its name."""
+    timeline = IterationTimeline()
+    for i in range(10_000):
+        timeline.record(float(i), Mode.MERGE, 0, 8, 0.008)
+    rows = timeline.since(9_997.0)["iterations"]
+    assert [row[0] for row in rows] == [9_998.0, 9_999.0] and rows[0][1] == "merge"
