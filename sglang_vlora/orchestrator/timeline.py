@@ -45,7 +45,8 @@ class IterationTimeline:
         if not math.isfinite(t):
             raise ValueError("since must be a finite unix time")
         newest_first = takewhile(lambda entry: entry[0] > t, reversed(self._entries))
-        rows = [[round(at, 4), Mode(mode).value, tokens, requests, round(seconds, 6)]
+        # ``at`` unrounded: an answer's last ``at``, passed back as ``since``, asks for what came after
+        rows = [[at, Mode(mode).value, tokens, requests, round(seconds, 6)]
                 for at, mode, tokens, requests, seconds in newest_first][::-1]
         complete = self._last_dropped_at is None or self._last_dropped_at <= t
         return {"since": t, "complete": complete, "capacity": self._entries.maxlen,

@@ -20,6 +20,10 @@ def test_iterations_come_back_in_order_after_the_time_asked():
     assert answer["complete"] and answer["capacity"] == 8 and answer["since"] == 100.0
     assert timeline.since(0)["iterations"][0] == [100.0, "unmerge", 1024, 0, 0.061235]
     assert timeline.since(101.0)["iterations"] == []
+    # the last ``at`` of an answer, passed back, asks for what came after it (no rounding between)
+    timeline.record(101.00004, Mode.MERGE, 0, 7, 0.0075)
+    last = timeline.since(100.5)["iterations"][-1][0]
+    assert last == 101.00004 and timeline.since(last)["iterations"] == []
 
 
 def test_a_full_timeline_says_whether_it_dropped_what_was_asked_for():
