@@ -1,0 +1,146 @@
+"""What ours' iterations cost by mode, from the timelines an end-to-end call saved.
+
+    python bench/timeline_summary.py RESULTS.json LOGS.tar.gz [RESULTS.json LOGS.tar.gz ...] \\
+        --out bench/results/timeline_summary_h200.json
+
+Every measurement of a server with an orchestrator saves ``GET /vlora/timeline`` (each timed
+iteration: when, mode, prefill tokens, decode requests, seconds) to ``timelines/`` in the call's
+logs tarball, and names the file in the results (``timeline.file``). This reads them back and
+puts the iterations of every measurement side by side:
+
+- decode steps (no prefill tokens): median ms per mode and per number of decode requests, so
+  that modes are compared at the same batch size;
+- prefills: per mode and prompt-token band, the 25th percentile, median and 75th percentile ms
+  (an eager prefill is bound by the host, whose speed moves in episodes of seconds: the 25th
+  percentile is what a prefill costs outside them);
+- per measurement: iterations per mode, seconds busy, and whether the timeline is complete.
+
+The rows are the orchestrator's own timings (docs/orchestrator.md, "Accounting"), so a server
+without one (the floor, SGLang's backends) has none: compare modes with each other here, and
+systems through the end-to-end report.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import provenance  # noqa: E402
+from server_log_counts import read_calls, write_calls  # noqa: E402
+
+PREFILL_BANDS = (1, 256, 1024, 2048, 4096, 8192)
+"""Prompt-token bands' lower edges (the last one open): the benchmark's 1024-token prompts
+reach the server as 1.3-1.6k tokens, one band."""
+
+
+def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(measurement, timeline)`` for every measurement whose results name a saved timeline,
+    read from the call's logs tarball; a named file missing from it is an error."""
+    wanted = {m["timeline"]["file"]: m for m in results["measurements"] if (m.get("timeline") or {}).get("file")}
+    found: dict[str, dict[str, Any]] = {}
+    with tarfile.open(logs_path) as tar:
+        for member in tar.getmembers():
+            name = member.name.removeprefix("./")
+            if member.isfile() and name in wanted:
+                found[name] = json.loads(tar.extractfile(member).read())
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise ValueError(f"{logs_path}: the results name timelines it does not hold: {missing}")
+    return [(wanted[name], found[name]) for name in wanted]
+
+
+def band(tokens: int) -> str:
+    """The prompt-token band a prefill of ``tokens`` falls in, e.g. ``1024-2047``."""
+    lower = max(edge for edge in PREFILL_BANDS if edge <= tokens)
+    index = PREFILL_BANDS.index(lower)
+    return f"{lower}-{PREFILL_BANDS[index + 1] - 1}" if index + 1 < len(PREFILL_BANDS) else f"{lower}+"
+
+
+def _quartiles(values: list[float]) -> dict[str, float]:
+    if len(values) == 1:
+        return {"p25": values[0], "median": values[0], "p75": values[0]}
+    p25, median, p75 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"p25": round(p25, 2), "median": round(median, 2), "p75": round(p75, 2)}
+
+
+def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """Decode steps by mode and batch size, prefills by mode and band, and per measurement its
+    iterations per mode; times in ms."""
+    decode: dict[tuple[str, int], list[float]] = defaultdict(list)
+    prefill: dict[tuple[str, str], list[float]] = defaultdict(list)
+    measurements = []
+    for measurement, timeline in measured:
+        columns = timeline["columns"]
+        at_mode, at_prefill, at_decode, at_seconds = (columns.index(c) for c in
+                                                      ("mode", "prefill_tokens", "decode_requests", "seconds"))
+        per_mode: dict[str, int] = defaultdict(int)
+        busy = 0.0
+        for row in timeline["iterations"]:
+            mode, prefill_tokens, ms = row[at_mode], row[at_prefill], row[at_seconds] * 1000
+            per_mode[mode] += 1
+            busy += row[at_seconds]
+            if prefill_tokens:
+                prefill[mode, band(prefill_tokens)].append(ms)
+            else:
+                decode[mode, row[at_decode]].append(ms)
+        measurements.append({"system": measurement["system"], "point": measurement["point"],
+                             "repeat": measurement.get("repeat"), "trace_seed": measurement.get("trace_seed"),
+                             "complete": timeline.get("complete"), "iterations": dict(sorted(per_mode.items())),
+                             "busy_s": round(busy, 3)})
+    return {
+        "decode_steps": [{"mode": mode, "decode_requests": n, "steps": len(v), "median_ms": round(statistics.median(v), 3)}
+                         for (mode, n), v in sorted(decode.items(), key=lambda kv: (kv[0][1], kv[0][0]))],
+        "prefills": [{"mode": mode, "tokens": b, "prefills": len(v), **_quartiles(v)}
+                     for (mode, b), v in sorted(prefill.items(), key=lambda kv: (PREFILL_BANDS.index(
+                         int(kv[0][1].split("-")[0].rstrip("+"))), kv[0][0]))],
+        "measurements": measurements,
+    }
+
+
+def call_summary(results_path: Path, logs_path: Path) -> dict[str, Any]:
+    results = json.loads(results_path.read_text())
+    return {"results": results_path.name, "run_id": results["run_id"],
+            "extra_server_args": results.get("setup", {}).get("extra_server_args", []),
+            **summarise(timelines(results, logs_path)), "provenance": provenance.record(results, results["date"])}
+
+
+def markdown(calls: list[dict[str, Any]]) -> list[str]:
+    """Decode steps by batch size with the modes side by side, then prefills by band."""
+    lines = []
+    for call in calls:
+        modes = sorted({r["mode"] for r in call["decode_steps"]} | {r["mode"] for r in call["prefills"]})
+        steps = {(r["mode"], r["decode_requests"]): r for r in call["decode_steps"]}
+        lines += [f"{call['results']}: decode step ms, median (steps)", "",
+                  "| decode requests | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
+        for n in sorted({r["decode_requests"] for r in call["decode_steps"]}):
+            cells = [f"{steps[m, n]['median_ms']:.2f} ({steps[m, n]['steps']})" if (m, n) in steps else "-" for m in modes]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines += ["", "| prefill tokens | mode | prefills | p25 ms | median ms | p75 ms |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['tokens']} | {r['mode']} | {r['prefills']} | {r['p25']:.1f} | {r['median']:.1f} | {r['p75']:.1f} |"
+                  for r in call["prefills"]]
+        lines.append("")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    calls, args = read_calls(argv, __doc__, call_summary)
+    print("\n".join(markdown(calls)))
+    doc = write_calls("ours' iterations from the timelines each measurement saved (GET /vlora/timeline): decode "
+                      "steps by mode and decode requests, prefills by mode and prompt-token band, iterations per "
+                      "mode per measurement; ms", "bench/timeline_summary.py", calls, args)
+    measured = [pair for results, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)
+                for pair in timelines(json.loads(results.read_text()), logs)]
+    doc["pooled"] = {key: value for key, value in summarise(measured).items() if key != "measurements"}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The timeline summary of an end-to-end call: ours' iterations read back from the saved
+timelines, decode steps by mode and batch size, prefills by mode and prompt-token band."""
+
+import json
+
+import pytest
+
+from bench import timeline_summary
+from tests.bench.call_files import write_call
+
+COLUMNS = ["at", "mode", "prefill_tokens", "decode_requests", "seconds"]
+
+
+def _results(files: list[str]) -> dict:
+    measurements = [{"system": "vlora", "point": "p", "repeat": i, "trace_seed": 7 + i,
+                     "timeline": {"file": f, "iterations": 3, "complete": True}} for i, f in enumerate(files)]
+    measurements.append({"system": "nolora", "point": "p", "repeat": 0, "timeline": None})
+    return {"run_id": "r", "date": "2026-11-28T20:00:00+00:00", "systems": {"vlora": {}, "nolora": {}},
+            "setup": {"extra_server_args": []}, "device": "GPU", "platform": "Linux", "cpu_count": 16,
+            "versions": {"sglang": "0.5.23"}, "code": {"revision": "b" * 40, "dirty": False},
+            "measurements": measurements}
+
+
+def _timeline(rows: list[list]) -> str:
+    return json.dumps({"since": 0.0, "complete": True, "capacity": 16384, "columns": COLUMNS, "iterations": rows})
+
+
+def test_bands_hold_the_benchmark_prompts_in_one():
+    assert timeline_summary.band(1) == "1-255"
+    assert timeline_summary.band(1300) == timeline_summary.band(1568) == "1024-2047"
+    assert timeline_summary.band(2048) == "2048-4095"
+    assert timeline_summary.band(9000) == "8192+"
+
+
+def test_modes_are_compared_at_the_same_batch_size(tmp_path):
+    first = [[1.0, "merge", 0, 4, 0.0077], [1.1, "mixture", 0, 4, 0.0080], [1.2, "mixture", 0, 4, 0.0082],
+             [1.3, "unmerge", 1391, 0, 0.047], [1.4, "merge", 1500, 0, 0.045], [1.5, "merge", 0, 8, 0.0081]]
+    second = [[2.0, "mixture", 0, 4, 0.0090], [2.1, "unmerge", 1563, 0, 0.075], [2.2, "unmerge", 1400, 0, 0.051]]
+    files = ["timelines/vlora_p_1.json", "timelines/vlora_p_2.json"]
+    results_path, logs_path = write_call(tmp_path, _results(files), {
+        files[0]: _timeline(first), files[1]: _timeline(second), "vlora.log": "a server log\n"})
+    doc = timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
+    call = doc["calls"][0]
+    steps = {(r["mode"], r["decode_requests"]): r for r in call["decode_steps"]}
+    assert steps["mixture", 4] == {"mode": "mixture", "decode_requests": 4, "steps": 3, "median_ms": 8.2}
+    assert steps["merge", 4]["median_ms"] == 7.7 and steps["merge", 8]["steps"] == 1
+    prefills = {(r["mode"], r["tokens"]): r for r in call["prefills"]}
+    assert prefills["unmerge", "1024-2047"] == {"mode": "unmerge", "tokens": "1024-2047", "prefills": 3,
+                                                "p25": 49.0, "median": 51.0, "p75": 63.0}
+    assert [m["iterations"] for m in call["measurements"]] == [{"merge": 3, "mixture": 2, "unmerge": 1},
+                                                               {"mixture": 1, "unmerge": 2}]
+    assert call["measurements"][1]["trace_seed"] == 8 and call["measurements"][0]["busy_s"] == pytest.approx(0.124)
+    assert doc["pooled"]["decode_steps"] == call["decode_steps"]  # one call: pooled is the call
+    assert json.loads((tmp_path / "s.json").read_text()) == doc
+
+
+def test_a_timeline_the_results_name_must_be_in_the_logs(tmp_path):
+    results_path, logs_path = write_call(tmp_path, _results(["timelines/vlora_p_1.json"]), {"vlora.log": "x\n"})
+    with pytest.raises(ValueError, match="timelines/vlora_p_1.json"):
+        timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
