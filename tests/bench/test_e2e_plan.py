@@ -320,3 +320,12 @@ def test_heads_speedup_pairs_the_video_points_run_with_the_same_flags():
     assert lines == ["Video understanding on 6 frames, ours: task heads answer 1.25x faster than LM decoding.",
                      "Video understanding on 6 frames, ours, --mm-attention-backend triton_attn: task heads answer "
                      "1.50x faster than LM decoding."]
+
+
+def test_the_speed_issues_two_workloads_run_atmm_alone_in_rounds_taking_turns_beside_both_sglang_backends():
+    for name, point in (("prefill-blocks", "sgl-prefill"), ("decode-blocks", "sgl-decode")):
+        call = plan.get_call(name)
+        assert call.systems == ("nolora", "unmerge_only", "csgmv", "triton") and call.points == (point,)
+        assert plan.scaled(plan.points_of("gpu")[point], call.scale_requests).requests == 100 and call.repeats == 5
+        firsts = [m.system for m in plan.order(call, list(call.systems))[::4]]
+        assert set(firsts) == set(call.systems), name  # each system goes first in some round
