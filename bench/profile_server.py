@@ -13,7 +13,12 @@ batch:
 * ``decode8`` / ``decode32``: 8 / 32 requests of 16 tokens, four adapters round robin,
   64 output tokens; only the decode steps are analysed (CUDA-graph replays);
 * ``prefill1_base``: ``prefill1`` without an adapter, on every server: what a LoRA server's
-  forward costs when no request in it uses an adapter.
+  forward costs when no request in it uses an adapter;
+* ``prefill16_in_decode8`` (``--interleaved`` only): one request of 16 tokens, one adapter, one
+  output token, sent while 8 others of 16 tokens (four adapters, 256 output tokens) decode: what
+  a new request's eager prefill costs when it interrupts a running decode batch, which is most
+  of the 16 in / 64 out workload's LoRA cost (docs/perf.md, "What the timelines show"). Its
+  latency is the probe's alone; the background batch is the same in every system's turn.
 
 The trace of each window is summarised (:func:`summarise`): GPU time per kernel category
 (base GEMMs, LoRA kernels, attention, copies, other), the GPU's idle time inside the
@@ -62,6 +67,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -102,7 +108,15 @@ SCENARIOS = {
     "decode8": (8, 16, 64, 4),
     "decode32": (32, 16, 64, 4),
     "prefill1_base": (1, 1024, 1, 0),  # no adapter, also on the LoRA servers
+    "prefill16_in_decode8": (1, 16, 1, 1),  # the probe; its background batch is in BACKGROUND
 }
+# Scenarios whose batch is sent while another decodes: (requests, prompt tokens, output tokens)
+# of that background batch, its requests on the adapters round robin. Timed in interleaved rounds
+# only (a profiled window or a latency run of the probe alone would not have it).
+BACKGROUND = {"prefill16_in_decode8": (8, 16, 256)}
+# How long the background batch runs before the probe is sent: past its prefill (a 16-token
+# eager prefill is 40-80 ms on the H200 server) and into its decode steps (256 of them, 2-3 s).
+BACKGROUND_LEAD_S = 0.5
 CATEGORIES = (
     ("lora", re.compile(r"lora|shrink|expand|sgmv|atmm", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere_|hopper", re.I)),
@@ -246,21 +260,59 @@ def _quantiles(samples: list[float]) -> dict:
             "p90": at(0.9), "mean": round(sum(ordered) / len(ordered), 2)}
 
 
+def _with_adapters(plain: dict, name: str, names: list[str], adapters: int) -> dict:
+    """``plain`` with its requests on ``adapters`` of ``names`` round robin; unchanged for a floor."""
+    if is_floor(name) or not adapters:
+        return plain
+    return {**plain, "lora_path": [names[i % adapters] for i in range(len(plain["input_ids"]))]}
+
+
+def _during(url: str, background: dict, lead_s: float, probe: dict) -> float:
+    """Seconds ``probe`` took, sent ``lead_s`` after ``background`` (which is still answered:
+    its thread is joined, and an error in it raises here)."""
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            run_batch(url, background)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
+            errors.append(e)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    time.sleep(lead_s)
+    seconds = run_batch(url, probe)
+    thread.join()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
 def interleaved_latency(urls: dict[str, str], scenario: str, names: list[str], rounds: int,
-                        floor: str = "nolora", seed: int = 0) -> dict:
+                        floor: str = "nolora", seed: int = 0, lead_s: float = BACKGROUND_LEAD_S) -> dict:
     """Client latency of one batch of ``scenario`` per system and round, the systems taking
     turns (the order rotated every round; every system gets the same prompt in a round), and
-    per LoRA system its excess over the floor's in the same round."""
+    per LoRA system its excess over the floor's in the same round. A scenario with a
+    :data:`BACKGROUND` batch sends that first and its own batch ``lead_s`` later, and times
+    its own batch only."""
     rng = random.Random(seed)
     systems = list(urls)
     samples: dict[str, list[float]] = {name: [] for name in systems}
     n, prompt, output, adapters = SCENARIOS[scenario]
     for r in range(rounds):
         plain = batch_payload(n, prompt, output, adapters, None, rng)
+        behind = None
+        if scenario in BACKGROUND:
+            bn, bprompt, boutput = BACKGROUND[scenario]
+            behind = batch_payload(bn, bprompt, boutput, N_ADAPTERS, None, rng)
         turn = r % len(systems)
         for name in systems[turn:] + systems[:turn]:
-            lora = {} if is_floor(name) or not adapters else {"lora_path": [names[i % adapters] for i in range(n)]}
-            samples[name].append(1000 * run_batch(urls[name], {**plain, **lora}))
+            batch = _with_adapters(plain, name, names, adapters)
+            if behind is None:
+                seconds = run_batch(urls[name], batch)
+            else:
+                seconds = _during(urls[name], _with_adapters(behind, name, names, N_ADAPTERS), lead_s, batch)
+            samples[name].append(1000 * seconds)
     out = {name: _quantiles(values) for name, values in samples.items()}
     if floor in samples:
         for name in systems:
@@ -284,13 +336,15 @@ def add_server_forward_times(interleaved: dict, logs: dict[str, list[str]]) -> N
     for name, lines in logs.items():
         forwards = [float(m["forward"]) for m in map(TIME_STATS.search, lines)
                     if m and not m["rid"].startswith("HEALTH_CHECK")]
-        sizes = [SCENARIOS[sc][0] * interleaved[sc][name]["count"] for sc in interleaved if name in interleaved[sc]]
+        sizes = [(SCENARIOS[sc][0] + BACKGROUND.get(sc, (0,))[0]) * interleaved[sc][name]["count"]
+                 for sc in interleaved if name in interleaved[sc]]
         if len(forwards) < sum(sizes):
             raise ValueError(f"server {name} logged {len(forwards)} request time stats, the interleaved rounds sent "
                              f"{sum(sizes)} requests (was it started with {TIME_STATS_FLAG}?)")
         start = len(forwards) - sum(sizes)
         for scenario, size in zip((sc for sc in interleaved if name in interleaved[sc]), sizes, strict=True):
-            interleaved[scenario][name]["server_forward_ms"] = _quantiles(forwards[start:start + size])
+            if scenario not in BACKGROUND:  # there a request's forward spans the background's steps
+                interleaved[scenario][name]["server_forward_ms"] = _quantiles(forwards[start:start + size])
             start += size
     for systems in interleaved.values():
         floor = systems.get("nolora", {}).get("server_forward_ms")
@@ -468,7 +522,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
-    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--scenarios", nargs="+", default=[s for s in SCENARIOS if s not in BACKGROUND],
+                    choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=_count, default=2,
                     help="profiled windows per scenario (the last is summarised in full, every one's host "
                          "figures in repeat_windows); 0: no profile")
@@ -489,6 +544,10 @@ def main() -> None:
         ap.error("--latency times requests before each profile: it needs --repeats > 0 (or use --interleaved)")
     if args.sample_host and not args.interleaved:
         ap.error("--sample-host samples the interleaved rounds: it needs --interleaved > 0")
+    during = [s for s in args.scenarios if s in BACKGROUND]
+    if during and (args.repeats or args.latency or args.sample_host):
+        ap.error(f"{', '.join(during)}: timed only in interleaved rounds, beside its background batch "
+                 "(--repeats 0 --interleaved N, no --latency or --sample-host)")
     if args.sample_host and shutil.which("py-spy") is None:
         ap.error("--sample-host needs py-spy on PATH (pip install py-spy)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -510,6 +569,9 @@ def main() -> None:
                          start_server(name, model, adapters, port, log, fraction, shlex.split(args.extra)))
     results: dict = {"systems": {}, "cost_model": {}, "scenarios": {k: dict(zip(("requests", "prompt", "output", "adapters"), v,
                                                               strict=True)) for k, v in SCENARIOS.items()}}
+    for scenario, background in BACKGROUND.items():
+        results["scenarios"][scenario]["background"] = dict(zip(("requests", "prompt", "output"), background,
+                                                                strict=True))
     try:
         for url, process in servers.values():
             wait_healthy(url, process, 900)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,52 @@ def test_linear_host_times_need_whole_layers() -> None:
 
     assert linear_host_us([_linear(0.0, 1.0), _linear(10.0, 1.0)], (0.0, 100.0)) is None
     assert linear_host_us([], (0.0, 100.0)) is None
+
+
+def test_the_probe_scenario_is_sent_while_its_background_batch_decodes_and_timed_alone() -> None:
+    """``prefill16_in_decode8``: each turn sends the background batch (8 prompts of 16 tokens,
+    256 output tokens, the four adapters round robin), then the probe (one prompt of 16 tokens, one
+    output token) while the background is still unanswered; the floor names no adapter in either,
+    every system gets the same prompts in a round, and the time is the probe's own."""
+    from bench.profile_server import interleaved_latency
+
+    seen: list = []
+    servers = {name: _fake_generate_server(name, 0.3, seen) for name in ("nolora", "atmm")}
+    try:
+        urls = {name: f"http://127.0.0.1:{s.server_address[1]}" for name, s in servers.items()}
+        started = time.perf_counter()
+        out = interleaved_latency(urls, "prefill16_in_decode8", ["a0", "a1", "a2", "a3"], rounds=2, lead_s=0.05)
+        elapsed = time.perf_counter() - started
+    finally:
+        for s in servers.values():
+            s.shutdown()
+    assert [name for name, _ in seen] == ["nolora", "nolora", "atmm", "atmm", "atmm", "atmm", "nolora", "nolora"]
+    backgrounds, probes = seen[0::2], seen[1::2]
+    for _, body in backgrounds:
+        assert len(body["input_ids"]) == 8 and len(body["input_ids"][0]) == 16
+        assert body["sampling_params"]["max_new_tokens"] == 256
+    for _, body in probes:
+        assert len(body["input_ids"]) == 1 and len(body["input_ids"][0]) == 16
+        assert body["sampling_params"]["max_new_tokens"] == 1
+    assert all("lora_path" not in body for name, body in seen if name == "nolora")
+    assert [body["lora_path"] for name, body in backgrounds if name == "atmm"] == [["a0", "a1", "a2", "a3"] * 2] * 2
+    assert [body["lora_path"] for name, body in probes if name == "atmm"] == [["a0"], ["a0"]]
+    assert backgrounds[0][1]["input_ids"] == backgrounds[1][1]["input_ids"] != backgrounds[2][1]["input_ids"]
+    # Each turn overlaps the two (about 0.35 s; one after the other would take 0.6 s), and the probe,
+    # answered 0.3 s after it was sent, is timed from its own sending.
+    assert elapsed < 4 * 0.55
+    assert out["nolora"]["count"] == out["atmm"]["count"] == 2
+    assert 290 <= out["atmm"]["median"] < 600 and "over_floor" in out["atmm"]
+
+
+def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "bench/profile_server.py", "--out", "/nonexistent", "--repeats", "1",
+                          "--scenarios", "prefill16_in_decode8"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 2 and "timed only in interleaved rounds" in run.stderr
+    run = subprocess.run([sys.executable, "bench/profile_server.py", "--out", "/nonexistent", "--repeats", "0",
+                          "--interleaved", "3", "--sample-host", "500", "--scenarios", "prefill1",
+                          "prefill16_in_decode8"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 2 and "timed only in interleaved rounds" in run.stderr  # host samples would count it
