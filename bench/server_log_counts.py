@@ -83,10 +83,12 @@ def read_calls(argv: list[str] | None, description: str, per_call) -> tuple[list
     return [per_call(r, logs) for r, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)], args
 
 
-def write_calls(what: str, script: str, calls: list[dict], args: argparse.Namespace) -> dict:
-    """The results file of ``calls`` (with the command and the calls' combined provenance)."""
+def write_calls(what: str, script: str, calls: list[dict], args: argparse.Namespace,
+                extra: dict | None = None) -> dict:
+    """The results file of ``calls`` (with the command and the calls' combined provenance, and
+    ``extra``'s fields, e.g. figures over every call)."""
     doc = {"what": what, "command": " ".join(["python", script, *(p.name for p in args.pairs)]),
-           "calls": calls, "provenance": provenance.combined([c["provenance"] for c in calls])}
+           "calls": calls, **(extra or {}), "provenance": provenance.combined([c["provenance"] for c in calls])}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return doc

@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 import tarfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ reach the server as 1.3-1.6k tokens, one band."""
 def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """``(measurement, timeline)`` for every measurement whose results name a saved timeline,
     read from the call's logs tarball; a named file missing from it is an error."""
+    if not isinstance(results.get("measurements"), list):
+        raise ValueError(f"{logs_path}: its results file has no measurements (not an end-to-end call's results)")
     wanted = {m["timeline"]["file"]: m for m in results["measurements"] if (m.get("timeline") or {}).get("file")}
     found: dict[str, dict[str, Any]] = {}
     with tarfile.open(logs_path) as tar:
@@ -56,9 +58,14 @@ def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, 
     return [(wanted[name], found[name]) for name in wanted]
 
 
+def band_edge(tokens: int) -> int:
+    """The lower edge of the prompt-token band a prefill of ``tokens`` falls in."""
+    return max(edge for edge in PREFILL_BANDS if edge <= tokens)
+
+
 def band(tokens: int) -> str:
     """The prompt-token band a prefill of ``tokens`` falls in, e.g. ``1024-2047``."""
-    lower = max(edge for edge in PREFILL_BANDS if edge <= tokens)
+    lower = band_edge(tokens)
     index = PREFILL_BANDS.index(lower)
     return f"{lower}-{PREFILL_BANDS[index + 1] - 1}" if index + 1 < len(PREFILL_BANDS) else f"{lower}+"
 
@@ -70,45 +77,54 @@ def _quartiles(values: list[float]) -> dict[str, float]:
     return {"p25": round(p25, 2), "median": round(median, 2), "p75": round(p75, 2)}
 
 
+def _iterations(timeline: dict[str, Any]) -> list[tuple[str, int, int, float]]:
+    """``(mode, prefill tokens, decode requests, ms)`` of every row, by the file's own columns."""
+    at = [timeline["columns"].index(c) for c in ("mode", "prefill_tokens", "decode_requests", "seconds")]
+    return [(row[at[0]], row[at[1]], row[at[2]], row[at[3]] * 1000) for row in timeline["iterations"]]
+
+
+def _by_band(prefills: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+    return {band(edge): {"prefills": len(v), **_quartiles(v)} for edge, v in sorted(prefills.items())}
+
+
 def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """Decode steps by mode and batch size, prefills by mode and band, and per measurement its
-    iterations per mode; times in ms."""
+    iterations per mode, its decode steps' median and its prefills by band (any mode); ms."""
     decode: dict[tuple[str, int], list[float]] = defaultdict(list)
-    prefill: dict[tuple[str, str], list[float]] = defaultdict(list)
+    prefill: dict[tuple[int, str], list[float]] = defaultdict(list)
     measurements = []
     for measurement, timeline in measured:
-        columns = timeline["columns"]
-        at_mode, at_prefill, at_decode, at_seconds = (columns.index(c) for c in
-                                                      ("mode", "prefill_tokens", "decode_requests", "seconds"))
-        per_mode: dict[str, int] = defaultdict(int)
-        busy = 0.0
-        for row in timeline["iterations"]:
-            mode, prefill_tokens, ms = row[at_mode], row[at_prefill], row[at_seconds] * 1000
-            per_mode[mode] += 1
-            busy += row[at_seconds]
-            if prefill_tokens:
-                prefill[mode, band(prefill_tokens)].append(ms)
+        rows = _iterations(timeline)
+        steps = [ms for _, tokens, _, ms in rows if not tokens]
+        own_prefills: dict[int, list[float]] = defaultdict(list)
+        for mode, tokens, requests, ms in rows:
+            if tokens:
+                prefill[band_edge(tokens), mode].append(ms)
+                own_prefills[band_edge(tokens)].append(ms)
             else:
-                decode[mode, row[at_decode]].append(ms)
-        measurements.append({"system": measurement["system"], "point": measurement["point"],
-                             "repeat": measurement.get("repeat"), "trace_seed": measurement.get("trace_seed"),
-                             "complete": timeline.get("complete"), "iterations": dict(sorted(per_mode.items())),
-                             "busy_s": round(busy, 3)})
+                decode[mode, requests].append(ms)
+        measurements.append({
+            "system": measurement["system"], "point": measurement["point"], "repeat": measurement.get("repeat"),
+            "trace_seed": measurement.get("trace_seed"), "complete": timeline.get("complete"),
+            "iterations": dict(sorted(Counter(mode for mode, *_ in rows).items())),
+            "prefills_by_mode": dict(sorted(Counter(mode for mode, tokens, _, _ in rows if tokens).items())),
+            "busy_s": round(sum(ms for *_, ms in rows) / 1000, 3),
+            "decode_step_median_ms": round(statistics.median(steps), 3) if steps else None,
+            "prefill_ms_by_band": _by_band(own_prefills),
+        })
     return {
         "decode_steps": [{"mode": mode, "decode_requests": n, "steps": len(v), "median_ms": round(statistics.median(v), 3)}
                          for (mode, n), v in sorted(decode.items(), key=lambda kv: (kv[0][1], kv[0][0]))],
-        "prefills": [{"mode": mode, "tokens": b, "prefills": len(v), **_quartiles(v)}
-                     for (mode, b), v in sorted(prefill.items(), key=lambda kv: (PREFILL_BANDS.index(
-                         int(kv[0][1].split("-")[0].rstrip("+"))), kv[0][0]))],
+        "prefills": [{"mode": mode, "tokens": band(edge), "prefills": len(v), **_quartiles(v)}
+                     for (edge, mode), v in sorted(prefill.items())],
         "measurements": measurements,
     }
 
 
-def call_summary(results_path: Path, logs_path: Path) -> dict[str, Any]:
-    results = json.loads(results_path.read_text())
-    return {"results": results_path.name, "run_id": results["run_id"],
+def call_summary(results_name: str, results: dict[str, Any], measured: list) -> dict[str, Any]:
+    return {"results": results_name, "run_id": results["run_id"],
             "extra_server_args": results.get("setup", {}).get("extra_server_args", []),
-            **summarise(timelines(results, logs_path)), "provenance": provenance.record(results, results["date"])}
+            **summarise(measured), "provenance": provenance.record(results, results["date"])}
 
 
 def markdown(calls: list[dict[str, Any]]) -> list[str]:
@@ -130,16 +146,21 @@ def markdown(calls: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    calls, args = read_calls(argv, __doc__, call_summary)
+    every_call: list = []  # every measurement's timeline, for the figures over all calls
+
+    def per_call(results_path: Path, logs_path: Path) -> dict[str, Any]:
+        results = json.loads(results_path.read_text())
+        measured = timelines(results, logs_path)
+        every_call.extend(measured)
+        return call_summary(results_path.name, results, measured)
+
+    calls, args = read_calls(argv, __doc__, per_call)
     print("\n".join(markdown(calls)))
-    doc = write_calls("ours' iterations from the timelines each measurement saved (GET /vlora/timeline): decode "
-                      "steps by mode and decode requests, prefills by mode and prompt-token band, iterations per "
-                      "mode per measurement; ms", "bench/timeline_summary.py", calls, args)
-    measured = [pair for results, logs in zip(args.pairs[::2], args.pairs[1::2], strict=True)
-                for pair in timelines(json.loads(results.read_text()), logs)]
-    doc["pooled"] = {key: value for key, value in summarise(measured).items() if key != "measurements"}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    return doc
+    pooled = {key: value for key, value in summarise(every_call).items() if key != "measurements"}
+    return write_calls("ours' iterations from the timelines each measurement saved (GET /vlora/timeline): decode "
+                       "steps by mode and decode requests, prefills by mode and prompt-token band, per measurement "
+                       "its iterations and prefills per mode, decode steps' median and prefills by band; ms",
+                       "bench/timeline_summary.py", calls, args, extra={"pooled": pooled})
 
 
 if __name__ == "__main__":

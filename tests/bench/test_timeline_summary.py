@@ -50,6 +50,9 @@ def test_modes_are_compared_at_the_same_batch_size(tmp_path):
     assert [m["iterations"] for m in call["measurements"]] == [{"merge": 3, "mixture": 2, "unmerge": 1},
                                                                {"mixture": 1, "unmerge": 2}]
     assert call["measurements"][1]["trace_seed"] == 8 and call["measurements"][0]["busy_s"] == pytest.approx(0.124)
+    first, second = call["measurements"]
+    assert first["decode_step_median_ms"] == pytest.approx(8.05) and first["prefills_by_mode"] == {"merge": 1, "unmerge": 1}
+    assert second["prefill_ms_by_band"] == {"1024-2047": {"prefills": 2, "p25": 57.0, "median": 63.0, "p75": 69.0}}
     assert doc["pooled"]["decode_steps"] == call["decode_steps"]  # one call: pooled is the call
     assert json.loads((tmp_path / "s.json").read_text()) == doc
 
@@ -57,4 +60,11 @@ def test_modes_are_compared_at_the_same_batch_size(tmp_path):
 def test_a_timeline_the_results_name_must_be_in_the_logs(tmp_path):
     results_path, logs_path = write_call(tmp_path, _results(["timelines/vlora_p_1.json"]), {"vlora.log": "x\n"})
     with pytest.raises(ValueError, match="timelines/vlora_p_1.json"):
+        timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
+
+
+def test_a_results_file_without_measurements_is_refused(tmp_path):
+    results = {k: v for k, v in _results([]).items() if k != "measurements"}
+    results_path, logs_path = write_call(tmp_path, results, {"vlora.log": "x\n"})
+    with pytest.raises(ValueError, match="no measurements"):
         timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
