@@ -100,10 +100,11 @@ def test_host_sampling_without_interleaved_rounds_or_py_spy_is_refused() -> None
 
 
 def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -> None:
-    """One server answers at once, the other 30 ms later. Every round each system gets the
+    """One server answers at once, the other 150 ms later (a margin the CI machine's load does not eat:
+    30 ms read as 14 there once). Every round each system gets the
     same prompt, the order rotates, the LoRA system names its adapter, and its excess over the
     floor is paired per round."""
-    out, seen = _interleave({"nolora": 0.0, "atmm": 0.03}, "prefill4", rounds=4)
+    out, seen = _interleave({"nolora": 0.0, "atmm": 0.15}, "prefill4", rounds=4)
     assert [name for name, _ in seen] == ["nolora", "atmm", "atmm", "nolora"] * 2  # turns rotate
     for first, second in zip(seen[::2], seen[1::2], strict=True):
         assert first[1]["input_ids"] == second[1]["input_ids"]  # one prompt per round
@@ -111,7 +112,7 @@ def test_interleaved_latency_takes_turns_and_pairs_each_round_with_the_floor() -
     assert all("lora_path" not in body for name, body in seen if name == "nolora")
     assert all(body["lora_path"] == ["a0", "a1", "a2", "a3"] for name, body in seen if name == "atmm")
     assert out["nolora"]["count"] == out["atmm"]["count"] == 4 and "over_floor" not in out["nolora"]
-    assert 20 < out["atmm"]["over_floor"]["median"] < 1000
+    assert 100 < out["atmm"]["over_floor"]["median"] < 1000
 
 
 def test_the_control_floor_and_the_base_only_scenario_send_no_adapter() -> None:
@@ -229,7 +230,7 @@ def test_the_probe_scenario_is_sent_while_its_background_batch_decodes_and_timed
     from bench.profile_server import interleaved_latency
 
     seen: list = []
-    servers = {name: _fake_generate_server(name, 0.3, seen) for name in ("nolora", "atmm")}
+    servers = {name: _fake_generate_server(name, 0.5, seen) for name in ("nolora", "atmm")}
     try:
         urls = {name: f"http://127.0.0.1:{s.server_address[1]}" for name, s in servers.items()}
         started = time.perf_counter()
@@ -250,11 +251,11 @@ def test_the_probe_scenario_is_sent_while_its_background_batch_decodes_and_timed
     assert [body["lora_path"] for name, body in backgrounds if name == "atmm"] == [["a0", "a1", "a2", "a3"] * 2] * 2
     assert [body["lora_path"] for name, body in probes if name == "atmm"] == [["a0"], ["a0"]]
     assert backgrounds[0][1]["input_ids"] == backgrounds[1][1]["input_ids"] != backgrounds[2][1]["input_ids"]
-    # Each turn overlaps the two (about 0.35 s; one after the other would take 0.6 s), and the probe,
-    # answered 0.3 s after it was sent, is timed from its own sending.
-    assert elapsed < 4 * 0.55
+    # Each turn overlaps the two (about 0.55 s; one after the other would take 1.05 s), and the probe,
+    # answered 0.5 s after it was sent, is timed from its own sending.
+    assert elapsed < 4 * 0.8
     assert out["nolora"]["count"] == out["atmm"]["count"] == 2
-    assert 290 <= out["atmm"]["median"] < 600 and "over_floor" in out["atmm"]
+    assert 490 <= out["atmm"]["median"] < 1000 and "over_floor" in out["atmm"]
 
 
 def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
