@@ -264,16 +264,18 @@ def perf_e2e_lora_cost(merged: dict[str, Any]) -> str:
     from bench.e2e import report as e2e_report
 
     agg = e2e_report.aggregate(merged["runs"])
-    lines = ["| workload | csgmv | triton | atmm (`unmerge-only`) | atmm / csgmv |", "|---|---|---|---|---|"]
+    lines = ["| workload | csgmv | triton | atmm (`unmerge-only`) | atmm / csgmv | atmm / triton |",
+             "|---|---|---|---|---|---|"]
     for point, systems in agg.items():
         label = next(p["label"] for run in merged["runs"] for pid, p in run["points"].items() if pid == point)
         cells = [e2e_report._cell((systems.get(s) or {}).get("lora_cost"), 1) for s in ("csgmv", "triton",
                                                                                        "unmerge_only")]
-        pairs = e2e_report.paired_lora_costs(merged["runs"], point, "unmerge_only", "csgmv")
-        lines.append(f"| {label} | {' | '.join(cells)} | {e2e_report.ratio_cell(pairs)} |")
+        ratios = [e2e_report.ratio_cell(e2e_report.paired_lora_costs(merged["runs"], point, "unmerge_only", peer))
+                  for peer in ("csgmv", "triton")]
+        lines.append(f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |")
     return "\n".join(lines) + (
         "\n\nLoRA cost: mean E2E ms minus the no-LoRA server's in the same call, mean (min-max, repeats). "
-        "atmm / csgmv: of the sums over the rounds that ran both and the floor, with a 95% bootstrap "
+        "atmm / csgmv, atmm / triton: of the sums over the rounds that ran both and the floor, with a 95% bootstrap "
         "interval over those rounds, drawing whole request traces (where there is none, how many rounds).")
 
 
