@@ -228,8 +228,13 @@ def batch_payload(n: int, prompt: int, output: int, adapters: int, names: list[s
         "sampling_params": {"max_new_tokens": output, "min_new_tokens": output, "temperature": 0.0},
     }
     if names and adapters:
-        payload["lora_path"] = [names[i % adapters] for i in range(n)]
+        payload["lora_path"] = lora_paths(names, adapters, n)
     return payload
+
+
+def lora_paths(names: list[str], adapters: int, n: int) -> list[str]:
+    """The adapters of ``n`` requests: the first ``adapters`` of ``names``, round robin."""
+    return [names[i % adapters] for i in range(n)]
 
 
 def run_batch(url: str, payload: dict) -> float:
@@ -264,7 +269,7 @@ def _with_adapters(plain: dict, name: str, names: list[str], adapters: int) -> d
     """``plain`` with its requests on ``adapters`` of ``names`` round robin; unchanged for a floor."""
     if is_floor(name) or not adapters:
         return plain
-    return {**plain, "lora_path": [names[i % adapters] for i in range(len(plain["input_ids"]))]}
+    return {**plain, "lora_path": lora_paths(names, adapters, len(plain["input_ids"]))}
 
 
 def _during(url: str, background: dict, lead_s: float, probe: dict) -> float:

@@ -72,7 +72,7 @@ def band(tokens: int) -> str:
 
 def _quartiles(values: list[float]) -> dict[str, float]:
     if len(values) == 1:
-        return {"p25": values[0], "median": values[0], "p75": values[0]}
+        return dict.fromkeys(("p25", "median", "p75"), round(values[0], 2))
     p25, median, p75 = statistics.quantiles(values, n=4, method="inclusive")
     return {"p25": round(p25, 2), "median": round(median, 2), "p75": round(p75, 2)}
 
@@ -149,8 +149,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     every_call: list = []  # every measurement's timeline, for the figures over all calls
 
     def per_call(results_path: Path, logs_path: Path) -> dict[str, Any]:
-        results = json.loads(results_path.read_text())
-        measured = timelines(results, logs_path)
+        try:
+            results = json.loads(results_path.read_text())
+            measured = timelines(results, logs_path)
+        except (OSError, json.JSONDecodeError, tarfile.TarError, ValueError) as e:
+            raise SystemExit(f"timeline_summary: {results_path} with {logs_path}: {e}") from e
         every_call.extend(measured)
         return call_summary(results_path.name, results, measured)
 

@@ -59,12 +59,25 @@ def test_modes_are_compared_at_the_same_batch_size(tmp_path):
 
 def test_a_timeline_the_results_name_must_be_in_the_logs(tmp_path):
     results_path, logs_path = write_call(tmp_path, _results(["timelines/vlora_p_1.json"]), {"vlora.log": "x\n"})
-    with pytest.raises(ValueError, match="timelines/vlora_p_1.json"):
+    with pytest.raises(SystemExit, match="timelines/vlora_p_1.json"):
         timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
 
 
 def test_a_results_file_without_measurements_is_refused(tmp_path):
     results = {k: v for k, v in _results([]).items() if k != "measurements"}
     results_path, logs_path = write_call(tmp_path, results, {"vlora.log": "x\n"})
-    with pytest.raises(ValueError, match="no measurements"):
+    with pytest.raises(SystemExit, match="no measurements"):
         timeline_summary.main([str(results_path), str(logs_path), "--out", str(tmp_path / "s.json")])
+
+
+def test_unreadable_inputs_are_named_in_the_error(tmp_path):
+    results_path, logs_path = write_call(tmp_path, _results([]), {"vlora.log": "x\n"})
+    out = ["--out", str(tmp_path / "s.json")]
+    logs_path.write_bytes(b"not a tarball")
+    with pytest.raises(SystemExit, match="could not be opened"):
+        timeline_summary.main([str(results_path), str(logs_path), *out])
+    results_path.write_text("{not json")
+    with pytest.raises(SystemExit, match=f"{results_path.name}.*Expecting"):
+        timeline_summary.main([str(results_path), str(logs_path), *out])
+    with pytest.raises(SystemExit, match="missing.json"):
+        timeline_summary.main([str(tmp_path / "missing.json"), str(logs_path), *out])
