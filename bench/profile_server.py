@@ -14,6 +14,9 @@ batch:
   64 output tokens; only the decode steps are analysed (CUDA-graph replays);
 * ``prefill1_base``: ``prefill1`` without an adapter, on every server: what a LoRA server's
   forward costs when no request in it uses an adapter;
+* ``prefill16``: one request of 16 tokens, one adapter, one output token, alone: the decode
+  workloads' eager prefill of a new request without the decode batch around it, so that
+  ``--sample-host`` can attribute its host time (which it cannot beside a background batch);
 * ``prefill16_in_decode8`` (``--interleaved`` only): one request of 16 tokens, one adapter, one
   output token, sent while 8 others of 16 tokens (four adapters, 256 output tokens) decode: what
   a new request's eager prefill costs when it interrupts a running decode batch, which is most
@@ -108,6 +111,7 @@ SCENARIOS = {
     "decode8": (8, 16, 64, 4),
     "decode32": (32, 16, 64, 4),
     "prefill1_base": (1, 1024, 1, 0),  # no adapter, also on the LoRA servers
+    "prefill16": (1, 16, 1, 1),
     "prefill16_in_decode8": (1, 16, 1, 1),  # the probe; its background batch is in BACKGROUND
 }
 # Scenarios whose batch is sent while another decodes: (requests, prompt tokens, output tokens)

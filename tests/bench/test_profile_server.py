@@ -258,6 +258,17 @@ def test_the_probe_scenario_is_sent_while_its_background_batch_decodes_and_timed
     assert 490 <= out["atmm"]["median"] < 1000 and "over_floor" in out["atmm"]
 
 
+def test_the_lone_small_prefill_sends_one_16_token_request_and_nothing_behind_it() -> None:
+    """``prefill16`` is the probe without its background batch: per system and round one request
+    of 16 prompt tokens on one adapter, so host samples of the round are that prefill's alone."""
+    out, seen = _interleave({"nolora": 0.0, "atmm": 0.0}, "prefill16", rounds=2)
+    assert len(seen) == 4  # no background requests
+    assert all(len(body["input_ids"]) == 1 and len(body["input_ids"][0]) == 16 for _, body in seen)
+    assert all(body["sampling_params"]["max_new_tokens"] == 1 for _, body in seen)
+    assert all(body["lora_path"] == ["a0"] for name, body in seen if name == "atmm")
+    assert out["atmm"]["over_floor"]["count"] == 2
+
+
 def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
     import subprocess
     import sys
