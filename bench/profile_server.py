@@ -14,9 +14,9 @@ batch:
   64 output tokens; only the decode steps are analysed (CUDA-graph replays);
 * ``prefill1_base``: ``prefill1`` without an adapter, on every server: what a LoRA server's
   forward costs when no request in it uses an adapter;
-* ``prefill16``: one request of 16 tokens, one adapter, one output token, alone: the decode
-  workloads' eager prefill of a new request without the decode batch around it, so that
-  ``--sample-host`` can attribute its host time (which it cannot beside a background batch);
+* ``prefill16`` (by name only): one request of 16 tokens, one adapter, one output token, alone:
+  the decode workloads' eager prefill of a new request without the decode batch around it, so
+  that ``--sample-host`` can attribute its host time (which it cannot beside a background batch);
 * ``prefill16_in_decode8`` (``--interleaved`` only): one request of 16 tokens, one adapter, one
   output token, sent while 8 others of 16 tokens (four adapters, 256 output tokens) decode: what
   a new request's eager prefill costs when it interrupts a running decode batch, which is most
@@ -112,8 +112,10 @@ SCENARIOS = {
     "decode32": (32, 16, 64, 4),
     "prefill1_base": (1, 1024, 1, 0),  # no adapter, also on the LoRA servers
     "prefill16": (1, 16, 1, 1),
-    "prefill16_in_decode8": (1, 16, 1, 1),  # the probe; its background batch is in BACKGROUND
+    "prefill16_in_decode8": (1, 16, 1, 1),  # prefill16 as the probe; its background batch is in BACKGROUND
 }
+# Run when --scenarios is not given: the profile's own set (prefill16 and the probe are asked for by name).
+DEFAULT_SCENARIOS = ("prefill1", "prefill4", "decode8", "decode32", "prefill1_base")
 # Scenarios whose batch is sent while another decodes: (requests, prompt tokens, output tokens)
 # of that background batch, its requests on the adapters round robin. Timed in interleaved rounds
 # only (a profiled window or a latency run of the probe alone would not have it).
@@ -531,7 +533,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", nargs="+", default=["nolora", "csgmv", "atmm"], choices=list(SYSTEMS))
-    ap.add_argument("--scenarios", nargs="+", default=[s for s in SCENARIOS if s not in BACKGROUND],
+    ap.add_argument("--scenarios", nargs="+", default=list(DEFAULT_SCENARIOS),
                     choices=list(SCENARIOS))
     ap.add_argument("--repeats", type=_count, default=2,
                     help="profiled windows per scenario (the last is summarised in full, every one's host "

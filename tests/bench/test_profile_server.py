@@ -267,6 +267,9 @@ def test_the_lone_small_prefill_sends_one_16_token_request_and_nothing_behind_it
     assert all(body["sampling_params"]["max_new_tokens"] == 1 for _, body in seen)
     assert all(body["lora_path"] == ["a0"] for name, body in seen if name == "atmm")
     assert out["atmm"]["over_floor"]["count"] == 2
+    from bench.profile_server import DEFAULT_SCENARIOS, SCENARIOS
+
+    assert "prefill16" not in DEFAULT_SCENARIOS and set(DEFAULT_SCENARIOS) <= set(SCENARIOS)  # asked for by name
 
 
 def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
