@@ -51,9 +51,7 @@ with py-spy (on PATH) at RATE per second, without the torch profiler's per-op ov
 adds ``bench/host_samples.py``'s comparison of its host time per function and request to the
 results (``host_samples``; raw samples in ``DIR/spy_<system>_<scenario>.txt``). System
 ``nolora2`` is a second server without LoRA, a control: what two identical servers differ
-by on this machine. ``--sample-native`` adds the C/C++ frames below the Python ones (what a
-call such as ``F.linear`` spends its host time on); py-spy then pauses the scheduler at every
-sample, which slows it, so compare native samples only with native samples.
+by on this machine.
 """
 
 from __future__ import annotations
@@ -210,13 +208,9 @@ def scheduler_pid(process: subprocess.Popen) -> int:
     raise RuntimeError(f"no scheduler process under server pid {process.pid}")
 
 
-def start_samplers(pids: dict[str, int], rate: int, out: Path, scenario: str,
-                   native: bool = False) -> dict[str, subprocess.Popen]:
-    """One py-spy per server's scheduler (per-thread raw stacks): non-blocking, or with
-    ``native`` pausing the process at each sample to add the C/C++ frames (py-spy cannot
-    unwind them without pausing)."""
-    mode = ["--native"] if native else ["--nonblocking"]
-    return {name: subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate), *mode,
+def start_samplers(pids: dict[str, int], rate: int, out: Path, scenario: str) -> dict[str, subprocess.Popen]:
+    """One py-spy per server's scheduler (non-blocking, per-thread raw stacks)."""
+    return {name: subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
                                     "--threads", "--format", "raw", "--output", str(out / f"spy_{name}_{scenario}.txt")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             for name, pid in pids.items()}
@@ -553,16 +547,12 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="extra server flags for every system")
     ap.add_argument("--sample-host", type=_count, default=0, metavar="RATE",
                     help="during each interleaved scenario, sample every server's scheduler with py-spy at RATE/s")
-    ap.add_argument("--sample-native", action="store_true",
-                    help="with --sample-host: native frames too (py-spy pauses the scheduler at each sample)")
     ap.add_argument("--reread", type=Path, metavar="PROFILE_JSON",
                     help="run nothing: add the server logs' forward times (in --out, server_<system>.log[.gz]) "
                          "to this earlier run's interleaved latency, into --out/profile.json")
     args = ap.parse_args()
     if args.latency and args.repeats == 0:
         ap.error("--latency times requests before each profile: it needs --repeats > 0 (or use --interleaved)")
-    if args.sample_native and not args.sample_host:
-        ap.error("--sample-native changes how --sample-host samples: give --sample-host RATE too")
     if args.sample_host and not args.interleaved:
         ap.error("--sample-host samples the interleaved rounds: it needs --interleaved > 0")
     during = [s for s in args.scenarios if s in BACKGROUND]
@@ -630,7 +620,7 @@ def main() -> None:
             if pids:
                 results["host_samples"] = {}
             for scenario in args.scenarios:
-                samplers = start_samplers(pids, args.sample_host, args.out, scenario, args.sample_native) if pids else {}
+                samplers = start_samplers(pids, args.sample_host, args.out, scenario) if pids else {}
                 time.sleep(2.0 if samplers else 0.0)  # py-spy attached before the first request
                 results["interleaved_latency"][scenario] = interleaved_latency(urls, scenario, names, args.interleaved)
                 if samplers:
