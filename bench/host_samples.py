@@ -13,7 +13,8 @@ waits (a synchronising copy), idle time not at all.
 
 Per system and function: inclusive milliseconds per request (samples / rate / requests), and
 for each LoRA system its excess over the floor's. Functions are named as py-spy names them
-(``Class.method (file)``, without the line).
+(``Class.method (file)``, without the line). ``--modules`` adds, per decoder module (q/k/v,
+o, gate/up, down), the host time inside its linear's call and the lines that took most of it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 EVENT_LOOP = "Scheduler.run_event_loop"
 MAIN_THREAD = re.compile(r"^thread \(\w+\): MainThread$")
 _LINE = re.compile(r":\d+\)$")
+_BLOCK = re.compile(r"^\w*?(Attention|MLP)\.forward \(")  # a decoder layer's attention / MLP block
+_LINEAR = re.compile(r"^(Column|Row)ParallelLinear(?:WithLoRA)?\.forward \(")
 
 
 def frame_name(frame: str) -> str:
@@ -34,9 +37,9 @@ def frame_name(frame: str) -> str:
     return _LINE.sub(")", frame)
 
 
-def scheduler_stacks(lines: list[str]) -> Counter:
+def scheduler_stacks(lines: list[str], keep_lines: bool = False) -> Counter:
     """Sample counts per stack (a tuple of frame names, outermost first) of the scheduler's
-    main thread inside its event loop."""
+    main thread inside its event loop; ``keep_lines`` keeps each frame's line number."""
     stacks: Counter = Counter()
     for line in lines:
         head, _, count = line.rstrip("\n").rpartition(" ")
@@ -46,7 +49,7 @@ def scheduler_stacks(lines: list[str]) -> Counter:
         thread = next((i for i, part in enumerate(parts) if part.startswith("thread (")), None)
         if thread is None or not MAIN_THREAD.match(parts[thread]):
             continue
-        frames = tuple(frame_name(f) for f in parts[thread + 1:])
+        frames = tuple(f if keep_lines else frame_name(f) for f in parts[thread + 1:])
         loop = next((i for i, f in enumerate(frames) if f.startswith(EVENT_LOOP + " ")), None)
         if loop is not None:
             stacks[frames[loop:]] += int(count)
@@ -94,6 +97,38 @@ def compare(systems: dict[str, Counter], rate: float, requests: int, floor: str,
     return out
 
 
+def module_kind(frames: tuple[str, ...]) -> str | None:
+    """The decoder module a stack is inside: ``qkv`` / ``o`` (a column / row parallel linear,
+    LoRA-wrapped or not, under the attention block) or ``gate_up`` / ``down`` (under the MLP)."""
+    block = next((f for f in frames if _BLOCK.match(f)), None)
+    if block is None:
+        return None
+    linear = next((m for m in map(_LINEAR.match, frames) if m), None)
+    if linear is None:
+        return None
+    attention = _BLOCK.match(block).group(1) == "Attention"
+    return ("qkv" if attention else "gate_up") if linear.group(1) == "Column" else ("o" if attention else "down")
+
+
+def module_calls(stacks: Counter, rate: float, requests: int, top: int = 4) -> dict[str, dict]:
+    """Per decoder module (:func:`module_kind`; ``stacks`` with line numbers kept): host
+    milliseconds per request inside its linear's call, and the innermost frames (with their
+    lines) that took the most of it: which statement of the call, e.g. the base GEMM's
+    ``F.linear``, holds the time."""
+    totals: Counter = Counter()
+    leaves: dict[str, Counter] = {}
+    for frames, count in stacks.items():
+        kind = module_kind(frames)
+        if kind is None:
+            continue
+        totals[kind] += count
+        leaves.setdefault(kind, Counter())[frames[-1]] += count
+    ms = 1e3 / rate / requests
+    return {kind: {"ms": round(totals[kind] * ms, 3),
+                   "top_leaves_ms": {leaf: round(n * ms, 3) for leaf, n in leaves[kind].most_common(top)}}
+            for kind in ("qkv", "o", "gate_up", "down") if kind in totals}
+
+
 def named_file(text: str) -> tuple[str, Path]:
     """``NAME=FILE`` -> ``(NAME, FILE)``."""
     name, sep, path = text.partition("=")
@@ -110,6 +145,8 @@ def main() -> None:
     ap.add_argument("--floor", default="nolora")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--modules", action="store_true",
+                    help="also each decoder module's host time (q/k/v, o, gate/up, down) and its costliest lines")
     args = ap.parse_args()
     if args.rate <= 0 or args.requests <= 0 or args.top <= 0:
         ap.error("--rate, --requests and --top must be positive")
@@ -121,12 +158,19 @@ def main() -> None:
     if empty:
         raise SystemExit(f"no scheduler event-loop samples for {', '.join(empty)} (py-spy run with --threads?)")
     result = compare(systems, args.rate, args.requests, args.floor, args.top)
+    if args.modules:
+        for name, path in args.samples:
+            lined = scheduler_stacks(path.read_text(errors="replace").splitlines(), keep_lines=True)
+            result["systems"][name]["module_calls"] = module_calls(lined, args.rate, args.requests)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     for name, entry in result["systems"].items():
         print(f"{name}: event loop {entry['event_loop_ms']:.2f} ms a request ({entry['samples']} samples)")
         for func, ms in entry.get("over_floor_ms", {}).items():
             print(f"    {ms:+8.3f}  {func}")
+        for kind, calls in entry.get("module_calls", {}).items():
+            print(f"    {kind:8} {calls['ms']:8.3f} ms: " + ", ".join(f"{leaf} {ms:.3f}"
+                                                             for leaf, ms in calls["top_leaves_ms"].items()))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ with py-spy (on PATH) at RATE per second, without the torch profiler's per-op ov
 adds ``bench/host_samples.py``'s comparison of its host time per function and request to the
 results (``host_samples``; raw samples in ``DIR/spy_<system>_<scenario>.txt``). System
 ``nolora2`` is a second server without LoRA, a control: what two identical servers differ
-by on this machine.
+by on this machine. The servers run ATMM's module calls inside named profiler ranges
+(``SGLANG_VLORA_PROFILE_RANGES=1``) unless the caller's environment sets it to 0, as the
+end-to-end servers run; the results record which (``server_env``).
 """
 
 from __future__ import annotations
@@ -645,6 +647,8 @@ def main() -> None:
     results["device"] = results["environment"]["device"]
     results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     results["command"] = "python bench/profile_server.py " + shlex.join(sys.argv[1:])
+    # Named ranges around ATMM's module calls (on unless the caller set 0, as the e2e servers run)
+    results["server_env"] = {"SGLANG_VLORA_PROFILE_RANGES": os.environ.get("SGLANG_VLORA_PROFILE_RANGES", "1")}
     results["provenance"] = provenance.record(results["environment"], results["date"])
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     print_table(results)
@@ -652,11 +656,15 @@ def main() -> None:
 
 def sampled_host_time(out: Path, scenario: str, systems: list[str], rate: int, requests: int) -> dict:
     """``bench/host_samples.py``'s comparison of one interleaved scenario's samples."""
-    from bench.host_samples import compare, scheduler_stacks
+    from bench.host_samples import compare, module_calls, scheduler_stacks
 
-    stacks = {name: scheduler_stacks((out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines())
-              for name in systems}
-    return compare(stacks, float(rate), requests, "nolora", top=80)
+    lines = {name: (out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines() for name in systems}
+    result = compare({name: scheduler_stacks(text) for name, text in lines.items()}, float(rate), requests, "nolora",
+                     top=80)
+    for name, text in lines.items():
+        result["systems"][name]["module_calls"] = module_calls(scheduler_stacks(text, keep_lines=True), float(rate),
+                                                               requests)
+    return result
 
 
 def reread(profile_path: Path, out: Path) -> None:

@@ -89,3 +89,44 @@ def test_missing_files_and_bad_counts_are_refused(tmp_path: Path) -> None:
                           (["--rate", "100", "--requests", "5", "nolora"], "expected NAME=FILE")):
         run = subprocess.run([sys.executable, "bench/host_samples.py", *args], cwd=REPO, capture_output=True, text=True)
         assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def module_samples() -> list[str]:
+    """A layer's four linears, two of them LoRA-wrapped, with the line of each leaf."""
+    main = "thread (0x1): MainThread"
+    layer = LOOP + ";Scheduler.run_batch (scheduler.py:4870);Qwen2DecoderLayer.forward (qwen2.py:200)"
+    attn, mlp = layer + ";Qwen2Attention.forward (qwen2.py:150)", layer + ";Qwen2MLP.forward (qwen2.py:90)"
+    return [
+        line(main, attn + ";ColumnParallelLinearWithLoRA.forward (layers.py:520);"
+             "ATMMLoRABackend.forward_with_base (backend.py:519);lora_apply_static_in_gemm (atmm/ops.py:271)", 30),
+        line(main, attn + ";ColumnParallelLinearWithLoRA.forward (layers.py:520);"
+             "ATMMLoRABackend.forward_with_base (backend.py:519);lora_apply_static_in_gemm (atmm/ops.py:272)", 10),
+        line(main, attn + ";RadixAttention.forward (radix_attention.py:100)", 50),  # attention itself: no module
+        line(main, attn + ";RowParallelLinearWithLoRA.forward (layers.py:872);"
+             "ATMMLoRABackend.forward_with_base (backend.py:519);lora_apply_static_in_gemm (atmm/ops.py:271)", 20),
+        line(main, mlp + ";ColumnParallelLinear.forward (linear.py:400);UnquantizedLinearMethod.apply (unquant.py:614)", 15),
+        line(main, mlp + ";RowParallelLinear.forward (linear.py:1400);UnquantizedLinearMethod.apply (unquant.py:614)", 5),
+    ]
+
+
+def test_module_calls_name_each_linear_and_the_lines_that_hold_its_time() -> None:
+    from bench.host_samples import module_calls
+
+    calls = module_calls(scheduler_stacks(module_samples(), keep_lines=True), rate=100.0, requests=2)
+    assert list(calls) == ["qkv", "o", "gate_up", "down"]
+    assert calls["qkv"]["ms"] == 200.0  # 40 samples / 100 Hz / 2 requests
+    assert calls["qkv"]["top_leaves_ms"] == {"lora_apply_static_in_gemm (atmm/ops.py:271)": 150.0,
+                                             "lora_apply_static_in_gemm (atmm/ops.py:272)": 50.0}
+    assert calls["o"]["ms"] == 100.0
+    assert calls["gate_up"]["top_leaves_ms"] == {"UnquantizedLinearMethod.apply (unquant.py:614)": 75.0}
+    assert calls["down"]["ms"] == 25.0
+
+
+def test_command_line_adds_module_calls(tmp_path: Path) -> None:
+    spy = tmp_path / "spy_atmm.txt"
+    spy.write_text("\n".join(module_samples()) + "\n")
+    out = tmp_path / "host.json"
+    subprocess.run([sys.executable, "bench/host_samples.py", "--rate", "100", "--requests", "2", "--modules",
+                    "--out", str(out), f"atmm={spy}"], cwd=REPO, check=True, capture_output=True)
+    calls = json.loads(out.read_text())["systems"]["atmm"]["module_calls"]
+    assert calls["o"]["top_leaves_ms"] == {"lora_apply_static_in_gemm (atmm/ops.py:271)": 100.0}
