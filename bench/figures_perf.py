@@ -223,6 +223,48 @@ def perf_host_samples(result: dict[str, Any]) -> str:
                                "while on the CPU, per request (`bench/host_samples.py`).")
 
 
+@block("perf-host-modules", "latency_host_samples_prefill16_h200.json")
+def perf_host_modules(result: dict[str, Any]) -> str:
+    """Lone 16-token prefills on one adapter, the systems taking turns, each scheduler sampled
+    by py-spy: client latency, server forward and scheduler host time, and per decoder module
+    the host time of its call and of the line that calls its base GEMM (``module_calls``)."""
+    systems = ("nolora", "nolora2", "atmm", "csgmv")
+    labels = {"nolora": "no LoRA", "nolora2": "no LoRA, control", "atmm": "ATMM", "csgmv": "csgmv"}
+    latency = result["interleaved_latency"]["prefill16"]
+    host = result["host_samples"]["prefill16"]["systems"]
+
+    def cost(key: str) -> str:
+        over = latency[key].get("over_floor")
+        return "-" if over is None else f"{over['median']:+.1f} ({over['p25']:+.1f} to {over['p75']:+.1f})"
+
+    def base_gemm(key: str, module: str) -> float:
+        """The module's time in the line that runs its base GEMM (SGLang's ``F.linear``, or
+        ATMM's GEMM over the extended weight): the costliest line of the function that holds it."""
+        leaves = host[key]["module_calls"][module]["top_leaves_ms"]
+        return max(ms for leaf, ms in leaves.items()
+                   if leaf.startswith(("UnquantizedLinearMethod.apply (", "lora_apply_static_in_gemm (")))
+
+    lines = ["| | " + " | ".join(labels[k] for k in systems) + " |", "|---" * (len(systems) + 1) + "|",
+             "| client latency over the floor's, median a round (p25 to p75) | "
+             + " | ".join(cost(k) for k in systems) + " |",
+             "| server forward, median | " + " | ".join(f"{latency[k]['server_forward_ms']['median']:.1f}"
+                                                      for k in systems) + " |",
+             "| scheduler host time (event loop) | " + " | ".join(f"{host[k]['event_loop_ms']:.1f}"
+                                                                 for k in systems) + " |"]
+    for module, label in (("qkv", "q/k/v"), ("o", "o")):
+        lines.append(f"| {label} module call (its base GEMM's line) | " + " | ".join(
+            f"{host[k]['module_calls'][module]['ms']:.2f} ({base_gemm(k, module):.2f})" for k in systems) + " |")
+    lines.append("| gate/up, down module calls (no LoRA) | " + " | ".join(
+        f"{host[k]['module_calls']['gate_up']['ms']:.2f}, {host[k]['module_calls']['down']['ms']:.2f}"
+        for k in systems) + " |")
+    rounds = latency["nolora"]["count"]
+    return "\n".join(lines) + (f"\n\nMilliseconds a request over {rounds} rounds. Host time: py-spy samples (500 a "
+                               "second) of each scheduler's main thread in its event loop while on the CPU "
+                               "(`bench/host_samples.py --modules`); a module call is the time inside its linear's "
+                               "call, its base GEMM's line the part of it spent in the line that runs the base GEMM "
+                               "(ATMM's over the weight extended by the adapters' A rows).")
+
+
 @block("perf-forward-times", "e2e_forward_times_h200.json")
 def perf_forward_times(doc: dict[str, Any]) -> str:
     """Forwards under the e2e prefill load (``bench/forward_times.py``): per repeat the median
