@@ -237,12 +237,14 @@ def perf_host_modules(result: dict[str, Any]) -> str:
         over = latency[key].get("over_floor")
         return "-" if over is None else f"{over['median']:+.1f} ({over['p25']:+.1f} to {over['p75']:+.1f})"
 
-    def base_gemm(key: str, module: str) -> float:
+    def base_gemm(key: str, module: str) -> str:
         """The module's time in the line that runs its base GEMM (SGLang's ``F.linear``, or
-        ATMM's GEMM over the extended weight): the costliest line of the function that holds it."""
+        ATMM's GEMM over the extended weight): the costliest line of the function that holds it,
+        "-" where none of the module's top lines is in one."""
         leaves = host[key]["module_calls"][module]["top_leaves_ms"]
-        return max(ms for leaf, ms in leaves.items()
-                   if leaf.startswith(("UnquantizedLinearMethod.apply (", "lora_apply_static_in_gemm (")))
+        found = [ms for leaf, ms in leaves.items()
+                 if leaf.startswith(("UnquantizedLinearMethod.apply (", "lora_apply_static_in_gemm ("))]
+        return f"{max(found):.2f}" if found else "-"
 
     lines = ["| | " + " | ".join(labels[k] for k in systems) + " |", "|---" * (len(systems) + 1) + "|",
              "| client latency over the floor's, median a round (p25 to p75) | "
@@ -253,7 +255,7 @@ def perf_host_modules(result: dict[str, Any]) -> str:
                                                                  for k in systems) + " |"]
     for module, label in (("qkv", "q/k/v"), ("o", "o")):
         lines.append(f"| {label} module call (its base GEMM's line) | " + " | ".join(
-            f"{host[k]['module_calls'][module]['ms']:.2f} ({base_gemm(k, module):.2f})" for k in systems) + " |")
+            f"{host[k]['module_calls'][module]['ms']:.2f} ({base_gemm(k, module)})" for k in systems) + " |")
     lines.append("| gate/up, down module calls (no LoRA) | " + " | ".join(
         f"{host[k]['module_calls']['gate_up']['ms']:.2f}, {host[k]['module_calls']['down']['ms']:.2f}"
         for k in systems) + " |")

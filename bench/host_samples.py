@@ -28,6 +28,7 @@ from pathlib import Path
 EVENT_LOOP = "Scheduler.run_event_loop"
 MAIN_THREAD = re.compile(r"^thread \(\w+\): MainThread$")
 _LINE = re.compile(r":\d+\)$")
+_DECODER_LAYER = re.compile(r"^\w*DecoderLayer\.forward \(")  # the language model's layers, not a ViT's blocks
 _BLOCK = re.compile(r"^\w*?(Attention|MLP)\.forward \(")  # a decoder layer's attention / MLP block
 _LINEAR = re.compile(r"^(Column|Row)ParallelLinear(?:WithLoRA)?\.forward \(")
 
@@ -35,6 +36,14 @@ _LINEAR = re.compile(r"^(Column|Row)ParallelLinear(?:WithLoRA)?\.forward \(")
 def frame_name(frame: str) -> str:
     """``Class.method (file.py:123)`` -> ``Class.method (file.py)``."""
     return _LINE.sub(")", frame)
+
+
+def without_lines(stacks: Counter) -> Counter:
+    """Stacks read with ``keep_lines`` as :func:`scheduler_stacks` would give them without."""
+    out: Counter = Counter()
+    for frames, count in stacks.items():
+        out[tuple(frame_name(f) for f in frames)] += count
+    return out
 
 
 def scheduler_stacks(lines: list[str], keep_lines: bool = False) -> Counter:
@@ -99,14 +108,18 @@ def compare(systems: dict[str, Counter], rate: float, requests: int, floor: str,
 
 def module_kind(frames: tuple[str, ...]) -> str | None:
     """The decoder module a stack is inside: ``qkv`` / ``o`` (a column / row parallel linear,
-    LoRA-wrapped or not, under the attention block) or ``gate_up`` / ``down`` (under the MLP)."""
-    block = next((f for f in frames if _BLOCK.match(f)), None)
-    if block is None:
+    LoRA-wrapped or not, under a decoder layer's attention block) or ``gate_up`` / ``down``
+    (under its MLP); None outside the language model's decoder layers (a vision encoder's
+    blocks have linears too)."""
+    layer = next((i for i, f in enumerate(frames) if _DECODER_LAYER.match(f)), None)
+    if layer is None:
         return None
-    linear = next((m for m in map(_LINEAR.match, frames) if m), None)
-    if linear is None:
+    inner = frames[layer + 1:]
+    block = next((m for m in map(_BLOCK.match, inner) if m), None)
+    linear = next((m for m in map(_LINEAR.match, inner) if m), None)
+    if block is None or linear is None:
         return None
-    attention = _BLOCK.match(block).group(1) == "Attention"
+    attention = block.group(1) == "Attention"
     return ("qkv" if attention else "gate_up") if linear.group(1) == "Column" else ("o" if attention else "down")
 
 
@@ -153,15 +166,16 @@ def main() -> None:
     missing = [str(path) for _, path in args.samples if not path.is_file()]
     if missing:
         ap.error(f"no such samples file: {', '.join(missing)}")
-    systems = {name: scheduler_stacks(path.read_text(errors="replace").splitlines()) for name, path in args.samples}
+    lined = {name: scheduler_stacks(path.read_text(errors="replace").splitlines(), keep_lines=True)
+             for name, path in args.samples}
+    systems = {name: without_lines(stacks) for name, stacks in lined.items()}
     empty = [name for name, stacks in systems.items() if not stacks]
     if empty:
         raise SystemExit(f"no scheduler event-loop samples for {', '.join(empty)} (py-spy run with --threads?)")
     result = compare(systems, args.rate, args.requests, args.floor, args.top)
     if args.modules:
-        for name, path in args.samples:
-            lined = scheduler_stacks(path.read_text(errors="replace").splitlines(), keep_lines=True)
-            result["systems"][name]["module_calls"] = module_calls(lined, args.rate, args.requests)
+        for name, stacks in lined.items():
+            result["systems"][name]["module_calls"] = module_calls(stacks, args.rate, args.requests)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     for name, entry in result["systems"].items():

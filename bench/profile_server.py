@@ -656,14 +656,14 @@ def main() -> None:
 
 def sampled_host_time(out: Path, scenario: str, systems: list[str], rate: int, requests: int) -> dict:
     """``bench/host_samples.py``'s comparison of one interleaved scenario's samples."""
-    from bench.host_samples import compare, module_calls, scheduler_stacks
+    from bench.host_samples import compare, module_calls, scheduler_stacks, without_lines
 
-    lines = {name: (out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines() for name in systems}
-    result = compare({name: scheduler_stacks(text) for name, text in lines.items()}, float(rate), requests, "nolora",
+    lined = {name: scheduler_stacks((out / f"spy_{name}_{scenario}.txt").read_text(errors="replace").splitlines(),
+                                    keep_lines=True) for name in systems}
+    result = compare({name: without_lines(stacks) for name, stacks in lined.items()}, float(rate), requests, "nolora",
                      top=80)
-    for name, text in lines.items():
-        result["systems"][name]["module_calls"] = module_calls(scheduler_stacks(text, keep_lines=True), float(rate),
-                                                               requests)
+    for name, stacks in lined.items():
+        result["systems"][name]["module_calls"] = module_calls(stacks, float(rate), requests)
     return result
 
 

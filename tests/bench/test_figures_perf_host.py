@@ -30,3 +30,13 @@ def test_the_table_names_each_module_and_the_line_of_its_base_gemm() -> None:
     assert rows["q/k/v module call (its base GEMM's line)"].endswith("| 1.00 (0.90) | 0.90 (0.88) | 2.80 (1.58) | 5.10 (1.48) |")
     assert rows["o module call (its base GEMM's line)"].endswith("| 1.30 (0.94) | 1.20 (0.86) | 3.00 (2.06) | 4.70 (2.24) |")
     assert "over 100 rounds" in text
+
+
+def test_a_module_without_a_base_gemm_line_reads_as_a_dash() -> None:
+    latency = {k: {"count": 3, "server_forward_ms": {"median": 50.0}} for k in ("nolora", "nolora2", "atmm", "csgmv")}
+    calls = {"qkv": {"ms": 1.0, "top_leaves_ms": {"other (x.py:1)": 1.0}}, "o": {"ms": 1.0, "top_leaves_ms": {}},
+             "gate_up": {"ms": 1.0, "top_leaves_ms": {}}, "down": {"ms": 1.0, "top_leaves_ms": {}}}
+    host = {k: {"event_loop_ms": 40.0, "module_calls": calls} for k in latency}
+    text = perf_host_modules({"interleaved_latency": {"prefill16": latency},
+                              "host_samples": {"prefill16": {"systems": host}}})
+    assert "| q/k/v module call (its base GEMM's line) | 1.00 (-) | 1.00 (-) | 1.00 (-) | 1.00 (-) |" in text

@@ -106,6 +106,9 @@ def module_samples() -> list[str]:
              "ATMMLoRABackend.forward_with_base (backend.py:519);lora_apply_static_in_gemm (atmm/ops.py:271)", 20),
         line(main, mlp + ";ColumnParallelLinear.forward (linear.py:400);UnquantizedLinearMethod.apply (unquant.py:614)", 15),
         line(main, mlp + ";RowParallelLinear.forward (linear.py:1400);UnquantizedLinearMethod.apply (unquant.py:614)", 5),
+        # the vision encoder's attention has linears too: not a decoder module
+        line(main, LOOP + ";Qwen2VisionBlock.forward (qwen2_vl.py:120);VisionAttention.forward (vision.py:300);"
+             "ColumnParallelLinear.forward (linear.py:400);UnquantizedLinearMethod.apply (unquant.py:614)", 70),
     ]
 
 
@@ -120,6 +123,12 @@ def test_module_calls_name_each_linear_and_the_lines_that_hold_its_time() -> Non
     assert calls["o"]["ms"] == 100.0
     assert calls["gate_up"]["top_leaves_ms"] == {"UnquantizedLinearMethod.apply (unquant.py:614)": 75.0}
     assert calls["down"]["ms"] == 25.0
+
+
+def test_stacks_without_lines_are_the_plain_stacks() -> None:
+    from bench.host_samples import without_lines
+
+    assert without_lines(scheduler_stacks(module_samples(), keep_lines=True)) == scheduler_stacks(module_samples())
 
 
 def test_command_line_adds_module_calls(tmp_path: Path) -> None:
