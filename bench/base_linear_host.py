@@ -1,17 +1,26 @@
 """Does the LoRA work of a module make its base GEMM's host call slower? (GPU)
 
-    python bench/base_linear_host.py [--rounds 40] [--out bench/results --tag base_linear_host_h200]
+    python bench/base_linear_host.py [--rounds 40] [--tokens 1024] [--out bench/results --tag base_linear_host_h200]
 
 A sampling profile of the servers (docs/perf.md, "Host time, sampled") put 1.8 ms more host
-time per 1024-token prefill in the base GEMM calls of LoRA batches than on the floor. This
+time per 1024-token prefill in the base GEMM calls of LoRA batches than on the floor, and
+twice the floor's host time in the base GEMM of a 16-token prefill's LoRA modules. This
 benchmark asks the question without a server: 28 eager decoder layers of Qwen2-VL-7B's shapes
 (norms and rotary as plain torch ops, q/k/v with bias, attention by SDPA, o, gate/up, down;
-1024 tokens), each ``F.linear``'s host call timed with ``perf_counter_ns``, three ways:
+``--tokens`` tokens), the host call of each module's base GEMM (its first ``F.linear``) timed
+with ``perf_counter_ns``, four ways:
 
 * ``base``: no LoRA;
 * ``atmm``: after the q/k/v and o GEMMs, the ``atmm`` backend's eager module call
-  (``forward_with_base``: the base output, then ``ops.lora_apply``), one rank-64 adapter;
+  (``forward_with_base``: the base output, then the LoRA by the kept launch plans), one
+  rank-64 adapter;
+* ``atmm_in_gemm``: the ``atmm`` backend's module call as the server runs eager batches of at
+  most ``--vlora-eager-in-gemm-max-tokens`` tokens on q/k/v and o: one GEMM over the base
+  weight extended by the pool's A rows (the timed call), then the expand;
 * ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's).
+
+Every way's weights are those of the server with the shrink inside the GEMM: each q/k/v and o
+base weight is the head of a stack whose other rows are the pool's A rows.
 
 One forward of each way per round, the order rotated each round, so that a slow spell of the
 host (``bench/host_speed.py``) hits every way alike. Prints a table, writes JSON.
@@ -29,53 +38,97 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HIDDEN, KV, INTER, LAYERS, RANK, TOKENS = 3584, 512, 18944, 28, 64, 1024
+HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
-WAYS = ("base", "atmm", "torch_lora")
+WAYS = ("base", "atmm", "atmm_in_gemm", "torch_lora")
 MODULES = ("qkv", "o", "gate_up", "down")
+
+
+class TimedLinear:
+    """``torch.nn.functional.linear`` that times the next call after :attr:`module` is set (the
+    module's base GEMM) and no other: every way's base GEMM is timed by the same code, the
+    in-GEMM way's inside ``ops``."""
+
+    def __init__(self, linear) -> None:
+        self.linear = linear
+        self.module: str | None = None
+        self.times: dict[str, list[float]] = {m: [] for m in MODULES}
+
+    def __call__(self, x, weight, bias=None):
+        module, self.module = self.module, None
+        if module is None:
+            return self.linear(x, weight, bias)
+        began = time.perf_counter_ns()
+        out = self.linear(x, weight, bias)
+        self.times[module].append((time.perf_counter_ns() - began) / 1e3)
+        return out
 
 
 class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: int) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+        from sglang_vlora import in_gemm_weights
         from sglang_vlora.backend import ATMMLoRABackend
 
         self.torch = torch
+        self.tokens = tokens
         dev, dtype = torch.device("cuda"), torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(0)
 
         def rand(*shape):
             return torch.randn(*shape, device=dev, dtype=dtype, generator=g) * 0.02
 
+        def stacked(layer: dict, module: str, out: int, slices: int, bias) -> None:
+            """The base weight and the pool's A rows as one stack, as the server lays them out."""
+            stack = rand(out + SLOTS * slices * RANK, HIDDEN)
+            layer[module], layer[f"{module}_a"] = stack[:out], stack[out:].view(SLOTS, slices * RANK, HIDDEN)
+            ext_bias = None
+            if bias is not None:
+                ext_bias = torch.zeros(stack.shape[0], device=dev, dtype=dtype)
+                ext_bias[:out].copy_(bias)
+                layer[f"{module}_bias"] = ext_bias[:out]
+            fused = in_gemm_weights.InGemmWeights(weight=stack, bias=ext_bias, out_features=out)
+            layer[f"{module}_layer"] = SimpleNamespace(**{in_gemm_weights.ATTR: fused})
+
         qkv = HIDDEN + 2 * KV
-        self.layers = [{"qkv": rand(qkv, HIDDEN), "qkv_bias": rand(qkv), "o": rand(HIDDEN, HIDDEN),
-                        "gate_up": rand(2 * INTER, HIDDEN), "down": rand(HIDDEN, INTER),
-                        "qkv_a": rand(2, 3 * RANK, HIDDEN), "qkv_b": rand(2, qkv, RANK),
-                        "o_a": rand(2, RANK, HIDDEN), "o_b": rand(2, HIDDEN, RANK)} for _ in range(LAYERS)]
-        self.x = rand(TOKENS, HIDDEN)
-        self.cos, self.sin = rand(TOKENS, 1, HEAD_DIM), rand(TOKENS, 1, HEAD_DIM)
+        self.layers = []
+        for _ in range(LAYERS):
+            layer = {"gate_up": rand(2 * INTER, HIDDEN), "down": rand(HIDDEN, INTER),
+                     "qkv_b": rand(SLOTS, qkv, RANK), "o_b": rand(SLOTS, HIDDEN, RANK)}
+            stacked(layer, "qkv", qkv, 3, rand(qkv))
+            stacked(layer, "o", HIDDEN, 1, None)
+            self.layers.append(layer)
+        self.x = rand(tokens, HIDDEN)
+        self.cos, self.sin = rand(tokens, 1, HEAD_DIM), rand(tokens, 1, HEAD_DIM)
         self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN)}
-        self.backend = ATMMLoRABackend(max_loras_per_batch=2, device=dev)
+        self.backend = ATMMLoRABackend(max_loras_per_batch=SLOTS, device=dev)
+        self.backend.shrink_in_gemm = True  # as the server sets it once the stacks are attached
         batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1,
-                                extend_seq_lens=torch.tensor([TOKENS], dtype=torch.int32),
-                                extend_seq_lens_cpu=[TOKENS])
+                                extend_seq_lens=torch.tensor([tokens], dtype=torch.int32),
+                                extend_seq_lens_cpu=[tokens])
         self.backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
-        self.times: dict[str, list[float]] = {m: [] for m in MODULES}
+        if not self.backend.eager_in_gemm:
+            raise SystemExit(f"a batch of {tokens} tokens is past the eager in-GEMM limit "
+                             f"({self.backend.eager_in_gemm_max_tokens})")
+        self.timer = TimedLinear(torch.nn.functional.linear)
+        self.times = self.timer.times
 
-    def _linear(self, module: str, x, weight, bias=None):
-        began = time.perf_counter_ns()
-        out = self.torch.nn.functional.linear(x, weight, bias)
-        self.times[module].append((time.perf_counter_ns() - began) / 1e3)
-        return out
-
-    def _lora(self, way: str, module: str, x, out, layer: dict):
-        a, b = layer[f"{module}_a"], layer[f"{module}_b"]
+    def _module(self, way: str, module: str, x, layer: dict):
+        """The module's base GEMM (timed) and, for q/k/v and o, its LoRA."""
+        F = self.torch.nn.functional
+        self.timer.module = module
+        if module not in self.offsets:
+            return F.linear(x, layer[module])
+        a, b, offsets = layer[f"{module}_a"], layer[f"{module}_b"], self.offsets[module]
+        if way == "atmm_in_gemm":
+            return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
+        out = F.linear(x, layer[module], layer.get(f"{module}_bias"))
         if way == "atmm":
-            return self.backend.forward_with_base(SimpleNamespace(), x, lambda: out, a, b, None, self.offsets[module])
+            return self.backend.forward_with_base(SimpleNamespace(), x, lambda: out, a, b, None, offsets)
         if way == "torch_lora":  # slot 1, every slice: one shrink GEMM, one expand GEMM added in place
             return out.addmm_(x @ a[1].t()[:, :RANK], b[1].t()[:RANK], alpha=2.0)
         return out
@@ -86,29 +139,37 @@ class Emulation:
 
     def forward(self, way: str) -> None:
         F = self.torch.nn.functional
-        x = self.x
+        F.linear = self.timer
+        try:
+            self._layers(way)
+        finally:
+            F.linear = self.timer.linear
+
+    def _layers(self, way: str) -> None:
+        F = self.torch.nn.functional
+        x, tokens = self.x, self.tokens
         for layer in self.layers:
             h = self._norm(x)
-            qkv = self._lora(way, "qkv", h, self._linear("qkv", h, layer["qkv"], layer["qkv_bias"]), layer)
+            qkv = self._module(way, "qkv", h, layer)
             q, k, v = qkv.split([HIDDEN, KV, KV], dim=-1)
-            q = q.reshape(TOKENS, HEADS, HEAD_DIM) * self.cos + q.reshape(TOKENS, HEADS, HEAD_DIM) * self.sin
-            k = k.reshape(TOKENS, KV_HEADS, HEAD_DIM) * self.cos + k.reshape(TOKENS, KV_HEADS, HEAD_DIM) * self.sin
-            v = v.reshape(TOKENS, KV_HEADS, HEAD_DIM)
+            q = q.reshape(tokens, HEADS, HEAD_DIM) * self.cos + q.reshape(tokens, HEADS, HEAD_DIM) * self.sin
+            k = k.reshape(tokens, KV_HEADS, HEAD_DIM) * self.cos + k.reshape(tokens, KV_HEADS, HEAD_DIM) * self.sin
+            v = v.reshape(tokens, KV_HEADS, HEAD_DIM)
             group = HEADS // KV_HEADS
             att = F.scaled_dot_product_attention(q.transpose(0, 1)[None],
                                                  k.transpose(0, 1)[None].repeat_interleave(group, 1),
                                                  v.transpose(0, 1)[None].repeat_interleave(group, 1), is_causal=True)
-            att = att[0].transpose(0, 1).reshape(TOKENS, HIDDEN)
-            x = x + self._lora(way, "o", att, self._linear("o", att, layer["o"]), layer)
+            att = att[0].transpose(0, 1).reshape(tokens, HIDDEN)
+            x = x + self._module(way, "o", att, layer)
             h = self._norm(x)
-            gate, up = self._linear("gate_up", h, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + self._linear("down", F.silu(gate) * up, layer["down"])
+            gate, up = self._module(way, "gate_up", h, layer).chunk(2, dim=-1)
+            x = x + self._module(way, "down", F.silu(gate) * up, layer)
 
 
-def measure(rounds: int) -> dict[str, dict]:
-    """Per way: median host microseconds of each module's ``F.linear`` call, and the median
+def measure(rounds: int, tokens: int) -> dict[str, dict]:
+    """Per way: median host microseconds of each module's base GEMM call, and the median
     host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation()
+    emu = Emulation(tokens)
     torch = emu.torch
     for way in WAYS:  # compile and warm every path
         for _ in range(3):
@@ -138,27 +199,33 @@ def measure(rounds: int) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens of the prefill (at most the eager in-GEMM limit)")
     ap.add_argument("--out", type=Path, default=None, help="write OUT/TAG.json")
     ap.add_argument("--tag", default="base_linear_host")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.tokens < 1:
+        ap.error("--tokens must be at least 1")
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
-    result = measure(args.rounds)
-    print(f"{'way':11} " + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms")
+    result = measure(args.rounds, args.tokens)
+    print(f"{'way':13} " + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms")
     for way, row in result.items():
-        print(f"{way:11} " + " ".join(f"{row['linear_host_us'][m]:9.1f}" for m in MODULES)
+        print(f"{way:13} " + " ".join(f"{row['linear_host_us'][m]:9.1f}" for m in MODULES)
               + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}")
     if args.out is not None:
         from bench import provenance
 
-        doc = {"what": "median host microseconds of each F.linear call of 28 eager Qwen2-VL-7B-shaped layers "
-                       f"({TOKENS} tokens), without LoRA, with the atmm backend's eager module call after the "
-                       "q/k/v and o GEMMs, and with the same LoRA as two torch matmuls; the ways take turns",
-               "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "ways": result}
+        doc = {"what": "median host microseconds of each module's base GEMM call (F.linear) of 28 eager "
+                       f"Qwen2-VL-7B-shaped layers ({args.tokens} tokens), without LoRA, with the atmm backend's "
+                       "eager module call after the q/k/v and o GEMMs, with its in-GEMM module call (the timed "
+                       "GEMM over the weight extended by the A rows), and with the same LoRA as two torch "
+                       "matmuls; the ways take turns",
+               "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
+               "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")
 

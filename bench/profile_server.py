@@ -59,6 +59,7 @@ end-to-end servers run; the results record which (``server_env``).
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
 import gzip
 import json
@@ -133,6 +134,7 @@ CATEGORIES = (
 )
 # A Qwen2 decoder layer's base linears, in the order its forward calls them.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
+LINEAR_CHILDREN = 12  # nested host events kept per base linear (linear_host_us)
 SYNC_CALLS = re.compile(r"cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy(?!Async)")
 
 
@@ -478,23 +480,43 @@ def summarise(events: list[dict], decode: bool) -> dict:
     }
 
 
-def linear_host_us(events: list[dict], window: tuple[float, float]) -> dict[str, dict[str, float]] | None:
+def linear_host_us(events: list[dict], window: tuple[float, float]) -> dict[str, dict] | None:
     """Host microseconds of the base linears (``aten::linear``, outermost calls) started inside
     ``window``, per module of a decoder layer (:data:`LAYER_LINEARS`, by position): median and
-    mean over the layers. None when the calls do not come in whole layers (not a Qwen2 forward)."""
+    mean over the layers, and ``children_us``: the median per call of the host events nested in
+    it on its thread (torch ops, CUDA runtime and driver calls, by category and name; the
+    :data:`LINEAR_CHILDREN` largest), which says where a slower call's time goes. None when the
+    calls do not come in whole layers (not a Qwen2 forward)."""
     calls = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
                     and e.get("name") == "aten::linear" and window[0] <= e["ts"] <= window[1]),
                    key=lambda e: e["ts"])
     outer, end = [], float("-inf")
     for e in calls:
         if e["ts"] >= end:
-            outer.append(e["dur"])
+            outer.append(e)
             end = e["ts"] + e["dur"]
     per_layer = len(LAYER_LINEARS)
     if not outer or len(outer) % per_layer:
         return None
-    return {name: {"median": statistics.median(outer[i::per_layer]), "mean": statistics.fmean(outer[i::per_layer])}
-            for i, name in enumerate(LAYER_LINEARS)}
+    host_cats = ("cpu_op", "cuda_runtime", "cuda_driver")
+    nested = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in host_cats
+                     and window[0] <= e["ts"] <= window[1] and e.get("name") != "aten::linear"),
+                    key=lambda e: e["ts"])
+    starts = [e["ts"] for e in nested]
+    result, layers = {}, len(outer) // per_layer
+    for i, name in enumerate(LAYER_LINEARS):
+        mine = outer[i::per_layer]
+        children: dict[str, list[float]] = defaultdict(lambda: [0.0] * layers)
+        for j, call in enumerate(mine):
+            stop = call["ts"] + call["dur"]
+            for e in nested[bisect.bisect_left(starts, call["ts"]):bisect.bisect_right(starts, stop)]:
+                if e.get("tid") == call.get("tid") and e["ts"] + e["dur"] <= stop:
+                    children[f'{e["cat"]}:{e["name"][:60]}'][j] += e["dur"]
+        medians = {k: statistics.median(v) for k, v in children.items()}
+        result[name] = {"median": statistics.median(c["dur"] for c in mine),
+                        "mean": statistics.fmean(c["dur"] for c in mine),
+                        "children_us": dict(sorted(medians.items(), key=lambda kv: -kv[1])[:LINEAR_CHILDREN])}
+    return result
 
 
 _FIT_FIELDS = ("fixed_s", "prefill_forward_s", "prefill_token_s", "decode_request_s")  # as /vlora/status names them

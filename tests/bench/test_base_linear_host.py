@@ -27,3 +27,8 @@ def test_without_a_gpu_it_says_so() -> None:
         pytest.skip("a GPU is present")
     proc = _run("--rounds", "1")
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_no_tokens_is_refused() -> None:
+    proc = _run("--tokens", "0")
+    assert proc.returncode == 2 and "--tokens must be at least 1" in proc.stderr

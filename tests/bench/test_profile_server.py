@@ -210,9 +210,31 @@ def test_linear_host_times_are_taken_per_layer_module_by_position() -> None:
     events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 50.0, "dur": 5.0})
     events.append(_linear(9000.0, 99.0))  # after the window
     got = linear_host_us(events, (0.0, 5000.0))
-    assert got["qkv"] == {"median": 20.0, "mean": 20.0}
+    assert {k: got["qkv"][k] for k in ("median", "mean")} == {"median": 20.0, "mean": 20.0}
     assert got["o"]["median"] == 40.0 and got["gate_up"]["mean"] == 50.0
     assert got["down"]["median"] == 61.0
+    assert got["qkv"]["children_us"] == {}  # the nested aten::linear is the call's own, not a child
+
+
+def test_linear_host_times_say_what_each_call_holds() -> None:
+    from bench.profile_server import linear_host_us
+
+    events = []
+    for layer in range(3):  # each o call: an addmm of 4 + layer us holding a launch of 2 us (thread 1)
+        base = 1000.0 * layer
+        for i in range(4):
+            events.append({**_linear(base + 100 * i, 30.0), "tid": 1})
+        o = base + 100
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": o + 1, "dur": 4.0 + layer, "tid": 1})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": o + 2, "dur": 2.0,
+                       "tid": 1})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": o + 3, "dur": 9.0,
+                       "tid": 2})  # another thread's call inside the span: not the linear's
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": o + 25, "dur": 20.0,
+                       "tid": 1})  # ends after the call: not inside it
+    got = linear_host_us(events, (0.0, 5000.0))
+    assert got["o"]["children_us"] == {"cpu_op:aten::addmm": 5.0, "cuda_runtime:cudaLaunchKernel": 2.0}
+    assert got["qkv"]["children_us"] == {}
 
 
 def test_linear_host_times_need_whole_layers() -> None:
