@@ -17,6 +17,9 @@ with ``perf_counter_ns``, four ways:
 * ``atmm_in_gemm``: the ``atmm`` backend's module call as the server runs eager batches of at
   most ``--vlora-eager-in-gemm-max-tokens`` tokens on q/k/v and o: one GEMM over the base
   weight extended by the pool's A rows (the timed call), then the expand;
+* ``atmm_in_gemm_op``: the same, through ``ops.lora_apply_static_in_gemm`` with the plan's key
+  built at every call (the backend's path before it kept each module's call,
+  ``ops.KeptInGemmCall``);
 * ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's).
 
 Every way's weights are those of the server with the shrink inside the GEMM: each q/k/v and o
@@ -40,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
-WAYS = ("base", "atmm", "atmm_in_gemm", "torch_lora")
+WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora")
 MODULES = ("qkv", "o", "gate_up", "down")
 
 
@@ -111,7 +114,7 @@ class Emulation:
                                 extend_seq_lens=torch.tensor([tokens], dtype=torch.int32),
                                 extend_seq_lens_cpu=[tokens])
         self.backend.prepare_lora_batch(batch, [1], [0, RANK], [0.0, 2.0], use_cuda_graph=False)
-        if not self.backend.eager_in_gemm:
+        if not self.backend.eager_in_gemm_kept:
             raise SystemExit(f"a batch of {tokens} tokens is past the eager in-GEMM limit "
                              f"({self.backend.eager_in_gemm_max_tokens})")
         self.timer = TimedLinear(torch.nn.functional.linear)
@@ -124,7 +127,8 @@ class Emulation:
         if module not in self.offsets:
             return F.linear(x, layer[module])
         a, b, offsets = layer[f"{module}_a"], layer[f"{module}_b"], self.offsets[module]
-        if way == "atmm_in_gemm":
+        if way in ("atmm_in_gemm", "atmm_in_gemm_op"):
+            self.backend.eager_in_gemm_kept = way == "atmm_in_gemm"
             return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
         out = F.linear(x, layer[module], layer.get(f"{module}_bias"))
         if way == "atmm":
@@ -222,8 +226,9 @@ def main() -> None:
         doc = {"what": "median host microseconds of each module's base GEMM call (F.linear) of 28 eager "
                        f"Qwen2-VL-7B-shaped layers ({args.tokens} tokens), without LoRA, with the atmm backend's "
                        "eager module call after the q/k/v and o GEMMs, with its in-GEMM module call (the timed "
-                       "GEMM over the weight extended by the A rows), and with the same LoRA as two torch "
-                       "matmuls; the ways take turns",
+                       "GEMM over the weight extended by the A rows; kept per module, and through "
+                       "ops.lora_apply_static_in_gemm), and with the same LoRA as two torch matmuls; the ways "
+                       "take turns",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
                "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])

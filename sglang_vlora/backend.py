@@ -197,6 +197,12 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.eager_static: StaticWorkItems | None = None
         self._eager_buffers: dict[bool, StaticWorkItems] = {}
         self.eager_in_gemm = False  # whether the prepared batch runs it
+        # With kept plans, each layer's in-GEMM call (ops.KeptInGemmCall) for the prepared batch's
+        # token bound (ops.kept_plan_tokens), by id(layer): rebuilt where the bound or the buffers
+        # differ from the call's.
+        self._in_gemm_calls: dict[int, ops.KeptInGemmCall] = {}
+        self._eager_bound = 0
+        self.eager_in_gemm_kept = False  # whether the prepared batch runs them (Triton's kernels do)
         # Whether eager batches' items go into the static buffers (eager_static) for every layer,
         # run by launch plans kept across batches (ops.lora_apply_kept; the in-GEMM layers' too):
         # where the Triton kernels run them (impl "auto" on a GPU, or "triton"). Else each batch
@@ -309,7 +315,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
         if graph is not None:
             self.gemm_items = None
-            self.eager_in_gemm = self.eager_kept = False
+            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = False
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
             if graph == "prefill":
@@ -340,15 +346,20 @@ class ATMMLoRABackend(BaseLoRABackend):
             host_items = mode_work_items(*item_args, device="cpu")
             self._count_work(host_items.num_items, "eager")
             self.eager_in_gemm = self.has_lora_work and in_gemm_fits
+            self.eager_in_gemm_kept = False
             self.eager_kept = self.has_lora_work and self.kept_plans
             if self.has_lora_work:
                 self.eager_static = self._eager_static_items(num_tokens, paired=merged_slot is not None)
                 self.eager_static.fill(host_items, num_tokens, permutation, cover_to=num_tokens)
+                self._eager_bound = ops.kept_plan_tokens(num_tokens)
+                # On a CPU only Triton's interpreter runs the kept plans (else the reference runs).
+                self.eager_in_gemm_kept = self.eager_in_gemm and self.kept_plans and (
+                    torch.device(self.device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
                 self.batches_by_layout["eager_in_gemm"] += self.eager_in_gemm
                 self.batches_by_layout["eager_kept"] += self.eager_kept
             self._work_items, self._deferred_items = None, (item_args, permutation)
         else:
-            self.eager_in_gemm = self.eager_kept = False
+            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = False
             self.work_items = self._device_items(item_args, permutation)
             self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
@@ -495,6 +506,16 @@ class ATMMLoRABackend(BaseLoRABackend):
         plain = kwargs.get("all_reduce") is None and kwargs.get("kind", "linear") == "linear"
         if not plain or kwargs.get("pruned_batch_info") is not None:
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
+        if self.eager_in_gemm_kept:
+            call = self._in_gemm_calls.get(id(layer))
+            fused = getattr(layer, in_gemm_weights.ATTR, None)
+            if fused is not None:
+                if call is None or not call.serves(fused.weight, lora_b, self.eager_static, self._eager_bound):
+                    call = self._in_gemm_calls[id(layer)] = ops.KeptInGemmCall(
+                        fused.weight, fused.bias, fused.out_features, lora_b, self.eager_static,
+                        [int(o) for o in offsets], self._eager_bound, self._kept_plans_dict())
+                with _profile_range("vlora.eager_lora"):
+                    return call(x)
         slice_offsets = [int(o) for o in offsets]
         if self.use_graph_path:
             self._note_captured_shape(x, lora_a, lora_b, offsets, layer)
@@ -512,7 +533,7 @@ class ATMMLoRABackend(BaseLoRABackend):
             output = self._lora_gemm(layer, x, lora_a, lora_b, slice_offsets)
             if output is not None:
                 return output
-        if self.eager_in_gemm:
+        if self.eager_in_gemm:  # without kept plans: the reference (a CPU) or a non-Triton --vlora-atmm-impl
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None:
                 with _profile_range("vlora.eager_lora"):

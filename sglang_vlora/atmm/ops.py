@@ -271,14 +271,7 @@ def lora_apply_static_in_gemm(
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)
     output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
     if plans is not None and not _static_torch(output, impl):
-        bound = kept_plan_tokens(x.shape[0])
-        key = ("in_gemm", bound, items.paired, y.dtype, y.stride(), out_features, tuple(b_buffer.shape),
-               b_buffer.stride(), tuple(slice_offsets))
-        plan = plans.get(key)
-        if plan is None:
-            inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
-            plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout,
-                                                     bound)
+        plan = _kept_in_gemm_plan(y, output, b_buffer, items, slice_offsets, kept_plan_tokens(x.shape[0]), plans)
         plan(y, b_buffer, output)
         return output
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
@@ -287,6 +280,57 @@ def lora_apply_static_in_gemm(
         rows = in_gemm.shrink_rows_torch(inter, layout, items)
         return static_items.expand_torch(rows, b_buffer, items, slice_offsets, output)
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
+
+
+def _kept_in_gemm_plan(y: torch.Tensor, output: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
+                       slice_offsets, bound: int, plans: dict) -> Callable:
+    """The in-GEMM expand plan for batches of up to ``bound`` tokens of ``y``'s and ``output``'s
+    dtype and strides, from ``plans`` or built into it."""
+    out_features = output.shape[1]
+    key = ("in_gemm", bound, items.paired, y.dtype, y.stride(), out_features, tuple(b_buffer.shape),
+           b_buffer.stride(), tuple(slice_offsets))
+    plan = plans.get(key)
+    if plan is None:
+        inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
+        plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout, bound)
+    return plan
+
+
+class KeptInGemmCall:
+    """One module's eager in-GEMM call, as :func:`lora_apply_static_in_gemm` runs it with kept
+    plans (the GEMM over ``weight_ext``, then the expand by the plan kept for ``bound`` tokens),
+    with what does not change between the batches of that bound looked up once. An eager
+    forward of a few tokens is bound by the host: building the plan's key and checking the
+    implementation took about as long as the expand's launch (docs/perf.md). The caller keeps
+    one per module and asks :meth:`serves` (identity checks) before each batch's call."""
+
+    def __init__(self, weight_ext: torch.Tensor, bias_ext: torch.Tensor | None, out_features: int,
+                 b_buffer: torch.Tensor, items: StaticWorkItems, slice_offsets: list[int], bound: int,
+                 plans: dict) -> None:
+        if not items.covers_tokens:
+            raise ValueError("the shrink-in-GEMM expand needs items that cover every token (covers_tokens)")
+        self.weight, self.bias, self.out_features = weight_ext, bias_ext, out_features
+        self.b_buffer, self.items, self.slice_offsets = b_buffer, items, list(slice_offsets)
+        self.bound, self.plans = bound, plans
+        self.plan: Callable | None = None
+        self.dtype: torch.dtype | None = None
+
+    def serves(self, weight_ext: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems, bound: int) -> bool:
+        """Whether this call runs a batch of ``bound`` over these buffers."""
+        return weight_ext is self.weight and b_buffer is self.b_buffer and items is self.items and bound == self.bound
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.items.covered_to != x.shape[0] or x.shape[0] > self.bound:
+            raise ValueError(f"an eager batch of {x.shape[0]} tokens over items whose copy items reach position "
+                             f"{self.items.covered_to}, a call kept for {self.bound} tokens")
+        y = torch.nn.functional.linear(x, self.weight, self.bias)
+        output = torch.empty((x.shape[0], self.out_features), dtype=y.dtype, device=y.device)
+        if y.dtype is not self.dtype:
+            self.plan = _kept_in_gemm_plan(y, output, self.b_buffer, self.items, self.slice_offsets, self.bound,
+                                           self.plans)
+            self.dtype = y.dtype
+        self.plan(y, self.b_buffer, output)
+        return output
 
 
 def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer: torch.Tensor,

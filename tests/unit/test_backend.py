@@ -330,6 +330,40 @@ def test_eager_batches_compute_the_shrink_in_the_gemm(impl):
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="kept plans run Triton's kernels")
+def test_eager_in_gemm_calls_are_kept_per_layer_and_token_bound():
+    """With kept plans, a layer's eager in-GEMM call (``ops.KeptInGemmCall``) is built once per
+    token bound and buffers and reused by the next batches of that bound; a batch of another
+    bound gets a new one; a call never runs a batch of another size than its items were filled
+    for. Every batch against fp64."""
+    slices = [12, 6, 6]
+    a, b, w, bias, layer = stacked_layer(slices, seed=41)
+    g = torch.Generator().manual_seed(42)
+    rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=64), controller=FakeController(None))
+    backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="triton",
+                              runtime=rt)
+    backend.shrink_in_gemm = True
+    offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
+
+    def run(lens: list[int], slots: list[int]):
+        backend.prepare_lora_batch(extend_batch(lens), slots, list(SLOTS_RANKS), list(SCALINGS), use_cuda_graph=False)
+        assert backend.eager_in_gemm_kept
+        x = torch.randn(sum(lens), D_IN, generator=g)
+        got = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
+        token_slots = [s for n, s in zip(lens, slots, strict=True) for _ in range(n)]
+        expected = x.double() @ w.double().T + bias.double() + reference(x, a, b, token_slots, slices)[0]
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+        return backend._in_gemm_calls[id(layer)]
+
+    first = run([5, 4], [1, 3])  # 9 tokens: the plans of 16
+    assert run([6, 8], [2, 1]) is first  # 14 tokens: the same bound and buffers
+    second = run([20], [3])  # the plans of 32
+    assert second is not first and second.bound == 32
+    with pytest.raises(ValueError, match="copy items reach position 20"):
+        second(torch.randn(19, D_IN, generator=g))
+    assert run([3, 2], [2, 1]) is not second  # back to 16: rebuilt (its plan comes from the kept ones)
+
+
 # (label, merged slot, (tokens, slot) per request) of consecutive eager batches run by kept plans:
 # token counts that share a bound (ops.kept_plan_tokens), and one past the eager buffers' first size
 KEPT_BATCHES = [
