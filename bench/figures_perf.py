@@ -223,11 +223,27 @@ def perf_host_samples(result: dict[str, Any]) -> str:
                                "while on the CPU, per request (`bench/host_samples.py`).")
 
 
+# The functions whose costliest line runs a LoRA module's base GEMM: SGLang's, and ATMM's GEMM over the
+# extended weight (before ac61eff inside ops.lora_apply_static_in_gemm, since then ops.KeptInGemmCall).
+BASE_GEMM_FUNCTIONS = ("UnquantizedLinearMethod.apply (", "lora_apply_static_in_gemm (", "KeptInGemmCall.__call__ (")
+
+
 @block("perf-host-modules", "latency_host_samples_prefill16_h200.json")
 def perf_host_modules(result: dict[str, Any]) -> str:
     """Lone 16-token prefills on one adapter, the systems taking turns, each scheduler sampled
     by py-spy: client latency, server forward and scheduler host time, and per decoder module
     the host time of its call and of the line that calls its base GEMM (``module_calls``)."""
+    return host_modules_table(result)
+
+
+@block("perf-host-modules-kept", "latency_host_samples_prefill16_ac61eff_h200.json")
+def perf_host_modules_kept(result: dict[str, Any]) -> str:
+    """The same run with ATMM's eager in-GEMM module calls kept per layer (ac61eff)."""
+    return host_modules_table(result)
+
+
+def host_modules_table(result: dict[str, Any]) -> str:
+    """The table of :func:`perf_host_modules` for one ``profile_server.py --sample-host`` result."""
     systems = ("nolora", "nolora2", "atmm", "csgmv")
     labels = {"nolora": "no LoRA", "nolora2": "no LoRA, control", "atmm": "ATMM", "csgmv": "csgmv"}
     latency = result["interleaved_latency"]["prefill16"]
@@ -243,7 +259,7 @@ def perf_host_modules(result: dict[str, Any]) -> str:
         "-" where none of the module's top lines is in one."""
         leaves = host[key]["module_calls"][module]["top_leaves_ms"]
         found = [ms for leaf, ms in leaves.items()
-                 if leaf.startswith(("UnquantizedLinearMethod.apply (", "lora_apply_static_in_gemm ("))]
+                 if leaf.startswith(BASE_GEMM_FUNCTIONS)]
         return f"{max(found):.2f}" if found else "-"
 
     lines = ["| | " + " | ".join(labels[k] for k in systems) + " |", "|---" * (len(systems) + 1) + "|",

@@ -18,8 +18,8 @@ Two batch layouts, one item builder:
   batch's plans anew cost as much host time as its steady LoRA calls. On the layers whose base
   weight carries the pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at
   most ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as
-  graph batches do (``ops.lora_apply_static_in_gemm`` with kept plans): one launch a module
-  where the separate shrink takes two. The items as device :class:`WorkItems`, whose grids come
+  graph batches do (with kept plans, each layer's ``ops.KeptInGemmCall``, kept for the batch's
+  token bound): one launch a module where the separate shrink takes two. The items as device :class:`WorkItems`, whose grids come
   from their host copies, are built only where a call needs them: SGLang's own LoRA path, a
   shape the table gives cuBLAS or the CUDA kernel, ``--vlora-atmm-impl`` other than auto/triton
   (or auto on a CPU, which runs the reference), or ``--vlora-lora-gemm on``.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.figures_perf import perf_host_modules
 
 
@@ -11,9 +13,9 @@ def _modules(qkv: float, qkv_base: tuple[str, float], o: float, o_base: tuple[st
             "gate_up": {"ms": 1.3, "top_leaves_ms": {}}, "down": {"ms": 0.3, "top_leaves_ms": {}}}
 
 
-def test_the_table_names_each_module_and_the_line_of_its_base_gemm() -> None:
+@pytest.mark.parametrize("ours", ["lora_apply_static_in_gemm (atmm/ops.py:271)", "KeptInGemmCall.__call__ (atmm/ops.py:326)"])
+def test_the_table_names_each_module_and_the_line_of_its_base_gemm(ours: str) -> None:
     sglang = "UnquantizedLinearMethod.apply (quantization/unquant.py:614)"
-    ours = "lora_apply_static_in_gemm (atmm/ops.py:271)"
     latency = {k: {"count": 100, "server_forward_ms": {"median": m},
                    **({} if k == "nolora" else {"over_floor": {"median": d, "p25": d - 1, "p75": d + 1}})}
                for k, m, d in (("nolora", 56.6, 0), ("nolora2", 57.4, 1.0), ("atmm", 66.4, 7.8), ("csgmv", 65.8, 13.8))}
