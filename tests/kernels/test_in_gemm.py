@@ -102,6 +102,8 @@ def test_in_gemm_needs_buffers_that_cover_every_token() -> None:
     static = StaticWorkItems.allocate(capacity=4, max_tokens=8, num_slots=len(RANKS), device="cpu")
     with pytest.raises(ValueError, match="cover every token"):
         ops.lora_apply_static_in_gemm(torch.randn(8, D_IN), w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
+    with pytest.raises(ValueError, match="cover every token"):
+        ops.KeptInGemmCall(w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS, 8, {})
     with pytest.raises(ValueError, match="do not hold"):
         ops.lora_apply_static_in_gemm(torch.randn(8, D_IN), w_ext[:-1], None, OFFSETS[-1], b, allocate(8, False),
                                       OFFSETS)
@@ -165,6 +167,7 @@ def test_kept_eager_expand_needs_copy_items_up_to_the_batch(monkeypatch) -> None
     gen = torch.Generator().manual_seed(10)
     w, bias, a, b, w_ext, bias_ext = extended(gen)
     static, plans = allocate(64, paired=False), {}
+    kept = ops.KeptInGemmCall(w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS, 16, plans)
     for tokens, lists in ((9, ([0, 4], [4, 5], [1, 3], [2.0, 1.5])), (13, ([3], [7], [2], [0.5]))):
         x = torch.randn(tokens, D_IN, generator=gen)
         items = build_work_items(*lists, RANKS)
@@ -176,4 +179,8 @@ def test_kept_eager_expand_needs_copy_items_up_to_the_batch(monkeypatch) -> None
         out = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS, impl="triton",
                                             plans=plans)
         assert rel_err(out, reference(x, w, bias, a, b, lists)) < 1e-5
-    assert len(plans) == 1  # 9 and 13 tokens: one bound (16)
+        # The call kept for the bound runs the same GEMM and the same kept plan: the same bits.
+        assert torch.equal(kept(x), out)
+        with pytest.raises(ValueError, match=f"copy items reach position {tokens}"):
+            kept(x[:-1])
+    assert len(plans) == 1  # 9 and 13 tokens: one bound (16), the kept call's plan among them
