@@ -19,10 +19,11 @@ Two batch layouts, one item builder:
   weight carries the pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at
   most ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as
   graph batches do (with kept plans, each layer's ``ops.KeptInGemmCall``, kept for the batch's
-  token bound): one launch a module where the separate shrink takes two. The items as device :class:`WorkItems`, whose grids come
-  from their host copies, are built only where a call needs them: SGLang's own LoRA path, a
-  shape the table gives cuBLAS or the CUDA kernel, ``--vlora-atmm-impl`` other than auto/triton
-  (or auto on a CPU, which runs the reference), or ``--vlora-lora-gemm on``.
+  token bound): one launch a module where the separate shrink takes two. The items as device
+  :class:`WorkItems`, whose grids come from their host copies, are built only where a call
+  needs them: SGLang's own LoRA path, a shape the table gives cuBLAS or the CUDA kernel,
+  ``--vlora-atmm-impl`` other than auto/triton (or auto on a CPU, which runs the reference),
+  or ``--vlora-lora-gemm on``.
 * CUDA graph (decode, and prefill where SGLang captures prefill graphs): the same items
   written by :meth:`~sglang_vlora.atmm.static_items.StaticWorkItems.fill` into buffers
   allocated once per graph family (capacity: the most items any mode gives for the
@@ -208,14 +209,15 @@ class ATMMLoRABackend(BaseLoRABackend):
         # where the Triton kernels run them (impl "auto" on a GPU, or "triton"). Else each batch
         # builds its device items and prepares its launches anew (ops.lora_apply).
         self.kept_plans = impl == "triton" or (impl == "auto" and torch.device(device).type == "cuda")
+        # Where Triton's kernels run at all: on a GPU; on a CPU only under Triton's interpreter,
+        # where the Triton paths run for tests (elsewhere a CPU runs the torch reference).
+        self.triton_runs = torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
         self.eager_kept = False  # whether the prepared batch runs them
         self._eager_plans: dict[tuple, object] = {}
         # An eager batch's items in the tokens' order (no permutation) for ops.lora_apply_gemm, on
         # the layers with the appended-rows stack; None where that op does not run (--vlora-lora-gemm).
         self.gemm_items: WorkItems | None = None
-        # (On a GPU; on a CPU only under Triton's interpreter, where the op runs there for tests.)
-        on_device = torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-        self.lora_gemm = cfg is not None and cfg.lora_gemm == "on" and on_device
+        self.lora_gemm = cfg is not None and cfg.lora_gemm == "on" and self.triton_runs
         self.lora_gemm_min_tokens = cfg.lora_gemm_min_tokens if cfg is not None else 0
         # Per module shape, why the op cannot run it (None: it can); decided once, logged once.
         self._lora_gemm_reasons: dict[tuple, str | None] = {}
@@ -352,9 +354,7 @@ class ATMMLoRABackend(BaseLoRABackend):
                 self.eager_static = self._eager_static_items(num_tokens, paired=merged_slot is not None)
                 self.eager_static.fill(host_items, num_tokens, permutation, cover_to=num_tokens)
                 self._eager_bound = ops.kept_plan_tokens(num_tokens)
-                # On a CPU only Triton's interpreter runs the kept plans (else the reference runs).
-                self.eager_in_gemm_kept = self.eager_in_gemm and self.kept_plans and (
-                    torch.device(self.device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+                self.eager_in_gemm_kept = self.eager_in_gemm and self.kept_plans and self.triton_runs
                 self.batches_by_layout["eager_in_gemm"] += self.eager_in_gemm
                 self.batches_by_layout["eager_kept"] += self.eager_kept
             self._work_items, self._deferred_items = None, (item_args, permutation)
@@ -507,9 +507,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         if not plain or kwargs.get("pruned_batch_info") is not None:
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.eager_in_gemm_kept:
-            call = self._in_gemm_calls.get(id(layer))
             fused = getattr(layer, in_gemm_weights.ATTR, None)
             if fused is not None:
+                call = self._in_gemm_calls.get(id(layer))
                 if call is None or not call.serves(fused.weight, lora_b, self.eager_static, self._eager_bound):
                     call = self._in_gemm_calls[id(layer)] = ops.KeptInGemmCall(
                         fused.weight, fused.bias, fused.out_features, lora_b, self.eager_static,

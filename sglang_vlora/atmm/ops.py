@@ -268,12 +268,11 @@ def lora_apply_static_in_gemm(
                          f"{items.covered_to}: fill them with cover_to={x.shape[0]}")
     if plans is not None and _kernel_impl(x, impl) is None:
         impl = "torch"  # an eager batch follows the eager ops' rule: "auto" on CPU tensors is the reference
+    if plans is not None and not _static_torch(x, impl):
+        return KeptInGemmCall(weight_ext, bias_ext, out_features, b_buffer, items, slice_offsets,
+                              kept_plan_tokens(x.shape[0]), plans)(x)
     y = torch.nn.functional.linear(x, weight_ext, bias_ext)
     output = torch.empty((x.shape[0], out_features), dtype=y.dtype, device=y.device)
-    if plans is not None and not _static_torch(output, impl):
-        plan = _kept_in_gemm_plan(y, output, b_buffer, items, slice_offsets, kept_plan_tokens(x.shape[0]), plans)
-        plan(y, b_buffer, output)
-        return output
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
     if _static_torch(output, impl):
         output.copy_(layout.base)
@@ -282,27 +281,15 @@ def lora_apply_static_in_gemm(
     return lora_expand_static(inter, b_buffer, items, slice_offsets, output, impl=impl, gemm_layout=layout)
 
 
-def _kept_in_gemm_plan(y: torch.Tensor, output: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
-                       slice_offsets, bound: int, plans: dict) -> Callable:
-    """The in-GEMM expand plan for batches of up to ``bound`` tokens of ``y``'s and ``output``'s
-    dtype and strides, from ``plans`` or built into it."""
-    out_features = output.shape[1]
-    key = ("in_gemm", bound, items.paired, y.dtype, y.stride(), out_features, tuple(b_buffer.shape),
-           b_buffer.stride(), tuple(slice_offsets))
-    plan = plans.get(key)
-    if plan is None:
-        inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
-        plan = plans[key] = _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout, bound)
-    return plan
-
-
 class KeptInGemmCall:
-    """One module's eager in-GEMM call, as :func:`lora_apply_static_in_gemm` runs it with kept
-    plans (the GEMM over ``weight_ext``, then the expand by the plan kept for ``bound`` tokens),
-    with what does not change between the batches of that bound looked up once. An eager
-    forward of a few tokens is bound by the host: building the plan's key and checking the
-    implementation took about as long as the expand's launch (docs/perf.md). The caller keeps
-    one per module and asks :meth:`serves` (identity checks) before each batch's call."""
+    """One module's eager in-GEMM call with kept plans (the GEMM over ``weight_ext``, then the
+    expand by the plan kept in ``plans`` for ``bound`` tokens), with what does not change
+    between the batches of that bound looked up at its first call only. An eager forward of a
+    few tokens is bound by the host, and building the plan's key and checking the
+    implementation cost a module call about as much host time as the expand's launch
+    (docs/perf.md, "The eager in-GEMM call kept per layer"). The backend keeps one per layer
+    and asks :meth:`serves` (identity checks) before each batch's call;
+    :func:`lora_apply_static_in_gemm` makes one per call."""
 
     def __init__(self, weight_ext: torch.Tensor, bias_ext: torch.Tensor | None, out_features: int,
                  b_buffer: torch.Tensor, items: StaticWorkItems, slice_offsets: list[int], bound: int,
@@ -326,11 +313,22 @@ class KeptInGemmCall:
         y = torch.nn.functional.linear(x, self.weight, self.bias)
         output = torch.empty((x.shape[0], self.out_features), dtype=y.dtype, device=y.device)
         if y.dtype is not self.dtype:
-            self.plan = _kept_in_gemm_plan(y, output, self.b_buffer, self.items, self.slice_offsets, self.bound,
-                                           self.plans)
+            self.plan = self._plan(y, output)
             self.dtype = y.dtype
         self.plan(y, self.b_buffer, output)
         return output
+
+    def _plan(self, y: torch.Tensor, output: torch.Tensor) -> Callable:
+        """The expand plan for ``y``'s and ``output``'s dtype and strides, from ``plans`` or built
+        into it (every call of one module shape and bound shares it)."""
+        b, offsets = self.b_buffer, tuple(self.slice_offsets)
+        key = ("in_gemm", self.bound, self.items.paired, y.dtype, y.stride(), self.out_features, tuple(b.shape),
+               b.stride(), offsets)
+        plan = self.plans.get(key)
+        if plan is None:
+            inter, layout = in_gemm.split_output(y, self.out_features, b.shape[0])
+            plan = self.plans[key] = _in_gemm_expand_plan(inter, b, self.items, offsets, output, layout, self.bound)
+        return plan
 
 
 def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer: torch.Tensor,
