@@ -13,6 +13,7 @@ from bench import gemm_epilogue  # noqa: E402
 from sglang_vlora.atmm import gemm_lora  # noqa: E402
 from sglang_vlora.atmm.work_items import build_work_items  # noqa: E402
 from tests.kernels.lora_reference import ref_delta, rel_err  # noqa: E402
+from tests.triton_interpreter import use_triton_interpreter  # noqa: E402
 
 OFFSETS = [0, 32, 48, 64]
 RANKS = [0, 16, 8, 16]
@@ -22,7 +23,7 @@ SPEC = (16, 16, 16, 4, 1, False)  # block_m, block_n, block_k, warps, stages, pe
 
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     assert os.environ["TRITON_INTERPRET"] == "1"
 
 

@@ -10,10 +10,11 @@ torch = pytest.importorskip("torch")
 
 from bench import gemm_lora_shapes  # noqa: E402
 from sglang_vlora.atmm import gemm_lora  # noqa: E402
+from tests.triton_interpreter import use_triton_interpreter  # noqa: E402
 
 
 def test_a_config_of_its_own_computes_the_module(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     monkeypatch.setattr(gemm_lora_shapes, "RANK", 8)
     gen = torch.Generator().manual_seed(0)
     m, k, widths = 40, 32, (32, 16, 16)

@@ -12,6 +12,7 @@ import torch
 from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.work_items import build_work_items
 from tests.kernels.lora_reference import ref_delta, rel_err
+from tests.triton_interpreter import use_triton_interpreter
 
 D_IN = 64
 OFFSETS = [0, 256, 512, 768]  # inner offsets: multiples of the GEMM's 256-column tiles
@@ -21,7 +22,7 @@ MAX_RANK = 16
 
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
 
 
 def pool(gen: torch.Generator, max_rank: int = MAX_RANK):

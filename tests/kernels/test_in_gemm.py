@@ -13,6 +13,7 @@ from sglang_vlora.atmm.static_items import StaticWorkItems, gaps
 from sglang_vlora.atmm.work_items import ABSORBED, NO_PARTNER, build_work_items
 from sglang_vlora.modes.delora import mode_item_lists
 from tests.kernels.lora_reference import ref_delta, rel_err
+from tests.triton_interpreter import use_triton_interpreter
 
 D_IN = 48
 OFFSETS = [0, 32, 40, 48]  # three slices, as q/k/v
@@ -49,7 +50,7 @@ SEGMENTS = ([0, 5, 9, 16, 20, 27], [5, 4, 7, 4, 7, 3], [1, 2, 0, 3, 1, 2])
 @pytest.mark.parametrize("merged", [None, 1, 2])
 def test_in_gemm_matches_fp64_for_unmerged_and_mixture_batches(interpret, merged, monkeypatch) -> None:
     if interpret:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        use_triton_interpreter(monkeypatch)
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     gen = torch.Generator().manual_seed(31 + (merged or 0))
@@ -71,7 +72,7 @@ def test_in_gemm_refills_permuted_padded_and_smaller_batches(interpret, monkeypa
     graph's rows (the padding rows get the base output), permuted batches followed by smaller
     ones (the positions past the batch must not read the earlier permutation), empty ones."""
     if interpret:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        use_triton_interpreter(monkeypatch)
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     gen = torch.Generator().manual_seed(7)
@@ -115,7 +116,7 @@ def test_in_gemm_needs_buffers_that_cover_every_token() -> None:
 def test_separate_shrink_ignores_the_copy_items(monkeypatch) -> None:
     """Modules without the appended rows share the buffers: their shrink and expand skip the
     copy items (rank 0), so they get exactly what they get without them."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     gen = torch.Generator().manual_seed(9)
     _, _, a, b, _, _ = extended(gen)
     starts, lens, slots = SEGMENTS
@@ -163,7 +164,7 @@ def test_kept_eager_expand_needs_copy_items_up_to_the_batch(monkeypatch) -> None
     past the batch (the default ``cover_to``, the buffers' size) are refused before anything
     runs; filled with ``cover_to`` = the batch, two batches of one bound share a plan and match
     fp64."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     gen = torch.Generator().manual_seed(10)
     w, bias, a, b, w_ext, bias_ext = extended(gen)
     static, plans = allocate(64, paired=False), {}

@@ -26,6 +26,7 @@ from sglang_vlora.atmm import ops
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import build_work_items
 from tests.kernels.lora_reference import ref_delta, rel_err
+from tests.triton_interpreter import use_triton_interpreter
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
 D_IN = 64
@@ -37,7 +38,7 @@ SCALES = [0.5, -1.0, 2.0, 1.5]
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch) -> None:
     """The static ops take the Triton kernels on CPU tensors only under the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import torch
 from sglang_vlora.atmm import tiling, tune
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import assign_layers
+from tests.triton_interpreter import use_triton_interpreter
 
 
 def test_parse_layer_and_shapes() -> None:
@@ -171,7 +172,7 @@ def test_write_table_keeps_the_in_gemm_expand_apart(tmp_path) -> None:
 def test_in_gemm_problem_times_the_in_gemm_expand(monkeypatch) -> None:
     """The tuner's in-GEMM problem runs the expand over a GEMM output's layout (the
     interpreter on CPU): a new output of base + scale * inter_slot @ B_slot^T per token."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     problem = tune.Problem(("expand_in_gemm", 32, 1, 8, 6, (32,)), dtype=torch.float32, device="cpu")
     problem.launcher(ExpandConfig(16, 32, 16))()
     it, layout = problem.items, problem.layout

@@ -19,6 +19,7 @@ from sglang_vlora.backend import ATMMLoRABackend, group_by_slot, segments_from_r
 from sglang_vlora.config import VLoRAConfig
 from sglang_vlora.modes.delora import max_mode_items
 from sglang_vlora.runtime import VLoRARuntime
+from tests.triton_interpreter import use_triton_interpreter
 
 D_IN = 24
 MAX_RANK = 16
@@ -709,7 +710,7 @@ def test_eager_batches_run_the_lora_in_the_plugins_gemm(monkeypatch):
     apart from each other (the usual items would permute them), the no-adapter slot, mixed
     ranks, NaN past every rank. A merged adapter, a shorter batch or a layer without the stack
     take the usual path."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_triton_interpreter(monkeypatch)
     slices = [256, 256, 256]  # inner offsets: multiples of the GEMM's tile columns
     a, b, w, bias, layer = stacked_layer(slices, seed=21)
     g = torch.Generator().manual_seed(22)
