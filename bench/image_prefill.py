@@ -1,0 +1,202 @@
+"""What one image request's prefill costs per system and mode, the systems taking turns.
+
+    python bench/image_prefill.py --out DIR [--scale gpu] [--rounds 20] \\
+        [--systems nolora merge_only unmerge_only csgmv] [--profile]
+
+The vision-skewed end-to-end point's timelines showed ours' prefills of one image and its
+prompt reading a median 13 ms longer unmerged than merged, at a load where rounds are decided
+by such prefills. This measures that prefill alone: every server of the end-to-end benchmark's
+setup (same model, adapters and flags, plus the ``vision-skewed`` calls' vision-encoder flags
+and ``--enable-metrics`` for SGLang's per-request timestamps) answers, in each round, the same
+fresh requests with 1 output token, the servers in a rotated order:
+
+* ``image448`` / ``image672``: one retrieval request (a new image of that side, its prompt)
+  on the top adapter, as the ``vision-skewed`` point sends them (the vision encoder and the
+  language model's prefill);
+* ``text448``: ``input_ids`` as long as an ``image448`` request's prompt, same adapter: the
+  language model's prefill alone.
+
+Every LoRA request names the same adapter, so ``merge_only`` keeps it merged after its first
+request (a merged prefill) and ``unmerge_only`` runs it through ATMM (an unmerged one); the
+floor gets the same requests without an adapter. Per scenario and system: the stages of
+``bench/video_timeline.py`` (``prefill`` is SGLang's first-forward start to prefill done),
+median / min / max over the rounds, and per LoRA system the median of its per-round excess
+over the floor's prefill.
+
+``--profile`` also records one ``image448`` request per server under SGLang's torch profiler
+and summarises it with ``bench/profile_server.py``'s summary (GPU busy time, kernels by
+category, the host's top operations): whether the prefill waits on the GPU or on the host,
+and what the LoRA kernels add.
+
+Writes ``DIR/image_prefill.json``, the servers' logs to ``DIR/logs`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import provenance, workloads  # noqa: E402
+from bench.e2e import plan, servers  # noqa: E402
+from bench.video_timeline import METRICS_FLAG, STAGES, TEXT_IDS, post, summary  # noqa: E402
+
+SCENARIOS = ("image448", "image672", "text448")
+DEFAULT_SYSTEMS = ("nolora", "merge_only", "unmerge_only", "csgmv")
+CPU_SIDES = {"image448": 56, "image672": 112}  # the CPU point's image sides (the tiny model's ViT)
+
+
+def image_payload(adapter: str | None, side: int, seed: int) -> dict[str, Any]:
+    """One retrieval request with a fresh image of ``side`` px and 1 output token."""
+    (request,) = workloads.visual_retrieval(["a"], rate=100.0, duration_s=10.0, skew=1.0, seed=seed,
+                                            max_requests=1, image_sizes=(side,))
+    payload = dict(request.payload, lora_path=adapter)
+    payload["sampling_params"] = dict(payload["sampling_params"], max_new_tokens=1)
+    return payload
+
+
+def text_payload(adapter: str | None, length: int, rng: np.random.Generator) -> dict[str, Any]:
+    return {"input_ids": rng.integers(*TEXT_IDS, size=length).tolist(), "lora_path": adapter,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}}
+
+
+def round_payloads(scale: str, r: int, seed: int, text_length: int) -> dict[str, dict[str, Any]]:
+    """Round ``r``'s requests without an adapter (each server puts its own in)."""
+    sides = CPU_SIDES if scale == "cpu" else {"image448": 448, "image672": 672}
+    rng = np.random.default_rng([seed, r])
+    return {"image448": image_payload(None, sides["image448"], seed * 100_003 + 2 * r),
+            "image672": image_payload(None, sides["image672"], seed * 100_003 + 2 * r + 1),
+            "text448": text_payload(None, text_length, rng)}
+
+
+def for_system(payload: dict[str, Any], system: plan.System, adapter: str) -> dict[str, Any]:
+    return dict(payload, lora_path=adapter if system.lora else None)
+
+
+def excess_over_floor(raw: dict[str, dict[str, list[dict[str, Any]]]], floor: str) -> dict[str, dict[str, Any]]:
+    """Per scenario and system: the median, min and max over rounds of its prefill minus the floor's."""
+    out: dict[str, dict[str, Any]] = {}
+    for scenario, by_system in raw.items():
+        base = [r["stages"]["prefill"] if r["stages"] else None for r in by_system.get(floor, [])]
+        for name, results in by_system.items():
+            if name == floor:
+                continue
+            diffs = [r["stages"]["prefill"] - b for r, b in zip(results, base, strict=True)
+                     if r["stages"] and b is not None]
+            if diffs:
+                out.setdefault(scenario, {})[name] = {"median": round(statistics.median(diffs), 2),
+                                                      "min": round(min(diffs), 2), "max": round(max(diffs), 2),
+                                                      "rounds": len(diffs)}
+    return out
+
+
+def profile_image(url: str, payload: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
+    """One ``image448`` request under SGLang's torch profiler, summarised."""
+    from bench.profile_server import load_events, profiled, summarise
+
+    with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
+        trace, result = profiled(url, trace_dir, "image448", lambda: post(client, url, payload))
+    return {**summarise(load_events(trace), decode=False), "request": result, "trace": trace.name}
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'scenario':10} {'server':14} " + " ".join(f"{s:>11}" for s in STAGES) + "  prefill-floor (median ms)")
+    for scenario, by_system in results["scenarios"].items():
+        for name, data in by_system.items():
+            st = data["stages_ms"] or {}
+            excess = results["prefill_over_floor_ms"].get(scenario, {}).get(name, {}).get("median")
+            print(f"{scenario:10} {name:14} " + " ".join(f"{st.get(s, {}).get('median', float('nan')):11.1f}"
+                                                        for s in STAGES)
+                  + (f"  {excess:+.1f}" if excess is not None else ""))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    ap.add_argument("--rounds", type=int, default=20, help="requests of each scenario per server")
+    ap.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=list(plan.SYSTEMS))
+    ap.add_argument("--profile", action="store_true", help="also profile one image448 request per server")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    if len(set(args.systems)) != len(args.systems):
+        ap.error("--systems names a system twice")
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup = plan.setup_of(args.scale)
+    model, adapters, info = servers.prepare_assets(setup, REPO / ".cache" / "bench")
+    adapter = next(iter(adapters))
+    systems = [plan.SYSTEMS[n] for n in args.systems]
+    extra = [METRICS_FLAG, *(plan.VISION_FLAGS if args.scale == "gpu" else ())]
+    gpu = provenance.gpu_info()
+    log_dir = args.out / "logs"
+    log_dir.mkdir(exist_ok=True)
+    live = servers.start_all(systems, setup, model, adapters, log_dir, extra)
+    results: dict[str, Any] = {"assets": info, "rounds": args.rounds, "adapter": adapter,
+                               "servers": {n: {"command": shlex.join(servers.command(plan.SYSTEMS[n], setup, model,
+                                                                                     adapters, extra))}
+                                           for n in args.systems}}
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in args.systems} for s in SCENARIOS}
+    try:
+        failed = servers.wait_all(live, setup.start_timeout_s)
+        if failed:
+            raise RuntimeError(f"servers failed to start: {failed}")
+        with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
+            # warm-up: every server answers each kind once (first-use costs, the merge of the adapter)
+            first = post(client, live[args.systems[0]].url,
+                         for_system(image_payload(None, CPU_SIDES["image448"] if args.scale == "cpu" else 448,
+                                                  args.seed + 7), systems[0], adapter))
+            text_length = int(first["prompt_tokens"])
+            warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length)
+            for system in systems:
+                for scenario in SCENARIOS:
+                    post(client, live[system.name].url, for_system(warm[scenario], system, adapter))
+            for r in range(args.rounds):
+                payloads = round_payloads(args.scale, r, args.seed, text_length)
+                order = systems[r % len(systems):] + systems[: r % len(systems)]
+                kinds = SCENARIOS[r % len(SCENARIOS):] + SCENARIOS[: r % len(SCENARIOS)]
+                for system in order:
+                    for scenario in kinds:
+                        raw[scenario][system.name].append(
+                            post(client, live[system.name].url, for_system(payloads[scenario], system, adapter)))
+        if args.profile:
+            payloads = round_payloads(args.scale, args.rounds, args.seed, text_length)
+            for system in systems:
+                try:
+                    results["servers"][system.name]["profile_image448"] = profile_image(
+                        live[system.name].url, for_system(payloads["image448"], system, adapter),
+                        args.out / "traces" / system.name)
+                except (RuntimeError, httpx.HTTPError) as e:  # the timed rounds stand without it
+                    results["servers"][system.name]["profile_image448"] = {"failed": f"{type(e).__name__}: {e}"}
+    finally:
+        servers.stop_all(live)
+    results["text_prompt_tokens"] = text_length
+    results["scenarios"] = {
+        scenario: {name: {"stages_ms": summary([x["stages"] for x in rs if x["stages"]]) or None, "requests": rs}
+                   for name, rs in by_system.items()}
+        for scenario, by_system in raw.items()}
+    results["prefill_over_floor_ms"] = excess_over_floor(raw, plan.FLOOR) if plan.FLOOR in args.systems else {}
+    results["environment"] = provenance.environment(gpu)
+    results["device"] = results["environment"]["device"]
+    results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    results["command"] = "python bench/image_prefill.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    results["provenance"] = provenance.record(results["environment"], results["date"])
+    (args.out / "image_prefill.json").write_text(json.dumps(results, indent=1, default=str))
+    print_table(results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

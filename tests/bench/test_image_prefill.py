@@ -1,0 +1,55 @@
+"""bench/image_prefill.py: the excess over the floor per round, and one CPU run on the tiny
+model with real servers (merged and unmerged, every scenario once). No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import image_prefill
+
+
+def _result(prefill_ms: float | None) -> dict:
+    return {"stages": None if prefill_ms is None else {"prefill": prefill_ms}}
+
+
+def test_excess_is_taken_round_by_round_and_skips_rounds_without_timestamps():
+    raw = {"image448": {"nolora": [_result(100.0), _result(80.0), _result(None)],
+                        "unmerge_only": [_result(110.0), _result(95.0), _result(500.0)],
+                        "merge_only": [_result(None), _result(79.0), _result(90.0)]}}
+    excess = image_prefill.excess_over_floor(raw, "nolora")
+    assert excess["image448"]["unmerge_only"] == {"median": 12.5, "min": 10.0, "max": 15.0, "rounds": 2}
+    assert excess["image448"]["merge_only"] == {"median": -1.0, "min": -1.0, "max": -1.0, "rounds": 1}
+    assert "nolora" not in excess["image448"]
+
+
+def test_round_payloads_are_fresh_per_round_and_the_same_for_every_server():
+    a, b = image_prefill.round_payloads("cpu", 0, 0, 12), image_prefill.round_payloads("cpu", 1, 0, 12)
+    assert a["image448"]["image_data"] != b["image448"]["image_data"]
+    assert a == image_prefill.round_payloads("cpu", 0, 0, 12)
+    assert len(a["text448"]["input_ids"]) == 12
+    assert all(p["sampling_params"]["max_new_tokens"] == 1 and p["lora_path"] is None for p in a.values())
+
+
+def test_rejects_a_system_named_twice(tmp_path):
+    with pytest.raises(SystemExit):
+        image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", "merge_only", "merge_only"])
+
+
+def test_one_cpu_round(tmp_path):
+    result = image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--rounds", "1",
+                                 "--systems", "merge_only", "unmerge_only"])
+    saved = json.loads((tmp_path / "image_prefill.json").read_text())
+    assert saved["scenarios"].keys() == set(image_prefill.SCENARIOS)
+    for scenario, by_system in result["scenarios"].items():
+        assert by_system.keys() == {"merge_only", "unmerge_only"}
+        for name, data in by_system.items():
+            (request,) = data["requests"]
+            assert data["stages_ms"]["prefill"]["median"] > 0, (scenario, name)
+            assert request["output_tokens"] == 1
+    text = result["scenarios"]["text448"]["unmerge_only"]["requests"][0]
+    assert text["prompt_tokens"] == result["text_prompt_tokens"] and text["cached_tokens"] == 0
+    assert result["prefill_over_floor_ms"] == {}  # no floor among the systems
+    assert "--vlora-policy merge-only" in result["servers"]["merge_only"]["command"]
+    assert (tmp_path / "logs" / "unmerge_only.log").exists()
