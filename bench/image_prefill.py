@@ -34,7 +34,6 @@ Writes ``DIR/image_prefill.json``, the servers' logs to ``DIR/logs`` and prints 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import statistics
@@ -188,11 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    for name, rs in by_system.items()}
         for scenario, by_system in raw.items()}
     results["prefill_over_floor_ms"] = excess_over_floor(raw, plan.FLOOR) if plan.FLOOR in args.systems else {}
-    results["environment"] = provenance.environment(gpu)
-    results["device"] = results["environment"]["device"]
-    results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    results["command"] = "python bench/image_prefill.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    results["provenance"] = provenance.record(results["environment"], results["date"])
+    provenance.stamp(results, gpu, "bench/image_prefill.py", sys.argv[1:] if argv is None else argv)
     (args.out / "image_prefill.json").write_text(json.dumps(results, indent=1, default=str))
     print_table(results)
     return results

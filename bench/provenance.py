@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -275,6 +276,17 @@ def combined(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     clean = all(r["git"]["clean"] for r in records)
     return {**newest, "git": {**newest["git"], "clean": clean},
             "revisions": sorted({r["git"]["commit"] or "unknown" for r in records})}
+
+
+def stamp(results: dict[str, Any], gpu: dict[str, Any] | None, script: str, argv: Sequence[str]) -> None:
+    """Add to a server benchmark's ``results``, in place, what every such results file
+    records: ``environment`` (with ``gpu``, taken before the servers started), ``device``,
+    ``date`` (now), ``command`` (``script`` and its ``argv``) and ``provenance``."""
+    results["environment"] = environment(gpu)
+    results["device"] = results["environment"]["device"]
+    results["date"] = now()
+    results["command"] = f"python {script} " + shlex.join(argv)
+    results["provenance"] = record(results["environment"], results["date"])
 
 
 def write_results(out: Path, tag: str, doc: dict[str, Any], script: str, argv: Sequence[str]) -> Path:

@@ -46,7 +46,6 @@ rounds; every request's raw stages), the servers' logs to ``DIR/logs``, and prin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import statistics
@@ -262,11 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"[video] {name}: {entry['status']}", flush=True)
     finally:
         servers.stop_all(live)
-    results["environment"] = provenance.environment(gpu)
-    results["device"] = results["environment"]["device"]
-    results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    results["command"] = "python bench/video_timeline.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    results["provenance"] = provenance.record(results["environment"], results["date"])
+    provenance.stamp(results, gpu, "bench/video_timeline.py", sys.argv[1:] if argv is None else argv)
     (args.out / "video_timeline.json").write_text(json.dumps(results, indent=1, default=str))
     print_table(results)
     return results

@@ -112,3 +112,14 @@ def test_record_of_this_checkout_names_its_commit_and_the_versions():
     assert record["versions"]["torch"] and record["versions"]["python"] and record["machine"]["cpu_count"] >= 1
     assert not any(key.endswith("_source") for key in record["versions"])
     assert json.loads(json.dumps(record)) == record
+
+
+def test_stamp_adds_the_run_record_and_quotes_the_command():
+    results = {"rounds": 3}
+    provenance.stamp(results, None, "bench/image_prefill.py", ["--out", "a dir", "--rounds", "3"])
+    assert results["rounds"] == 3
+    assert results["command"] == "python bench/image_prefill.py --out 'a dir' --rounds 3"
+    assert results["device"] == results["environment"]["device"] == results["provenance"]["machine"]["device"]
+    assert results["device"].startswith("CPU")  # no GPU given
+    assert results["provenance"]["date"] == results["date"]
+    assert results["provenance"]["git"]["commit"] == results["environment"]["code"].get("revision")
