@@ -34,7 +34,6 @@ Writes ``DIR/image_prefill.json``, the servers' logs to ``DIR/logs`` and prints 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -53,6 +52,7 @@ from bench.video_timeline import METRICS_FLAG, STAGES, TEXT_IDS, post, summary  
 
 SCENARIOS = ("image448", "image672", "text448")
 DEFAULT_SYSTEMS = ("nolora", "merge_only", "unmerge_only", "csgmv")
+GPU_SIDES = {"image448": 448, "image672": 672}
 CPU_SIDES = {"image448": 56, "image672": 112}  # the CPU point's image sides (the tiny model's ViT)
 
 
@@ -72,7 +72,7 @@ def text_payload(adapter: str | None, length: int, rng: np.random.Generator) -> 
 
 def round_payloads(scale: str, r: int, seed: int, text_length: int) -> dict[str, dict[str, Any]]:
     """Round ``r``'s requests without an adapter (each server puts its own in)."""
-    sides = CPU_SIDES if scale == "cpu" else {"image448": 448, "image672": 672}
+    sides = CPU_SIDES if scale == "cpu" else GPU_SIDES
     rng = np.random.default_rng([seed, r])
     return {"image448": image_payload(None, sides["image448"], seed * 100_003 + 2 * r),
             "image672": image_payload(None, sides["image672"], seed * 100_003 + 2 * r + 1),
@@ -133,13 +133,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--rounds must be >= 1")
     if len(set(args.systems)) != len(args.systems):
         ap.error("--systems names a system twice")
+    gpu = provenance.gpu_info()
+    no_cuda = [n for n in args.systems if plan.SYSTEMS[n].needs_cuda and gpu is None]
+    if no_cuda:
+        ap.error(f"{', '.join(no_cuda)}: {plan.NO_CUDA_REASON}")
     args.out.mkdir(parents=True, exist_ok=True)
     setup = plan.setup_of(args.scale)
     model, adapters, info = servers.prepare_assets(setup, REPO / ".cache" / "bench")
     adapter = next(iter(adapters))
     systems = [plan.SYSTEMS[n] for n in args.systems]
     extra = [METRICS_FLAG, *(plan.VISION_FLAGS if args.scale == "gpu" else ())]
-    gpu = provenance.gpu_info()
     log_dir = args.out / "logs"
     log_dir.mkdir(exist_ok=True)
     live = servers.start_all(systems, setup, model, adapters, log_dir, extra)
@@ -154,10 +157,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise RuntimeError(f"servers failed to start: {failed}")
         with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
             # warm-up: every server answers each kind once (first-use costs, the merge of the adapter)
-            first = post(client, live[args.systems[0]].url,
-                         for_system(image_payload(None, CPU_SIDES["image448"] if args.scale == "cpu" else 448,
-                                                  args.seed + 7), systems[0], adapter))
-            text_length = int(first["prompt_tokens"])
+            warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length=1)
+            first = post(client, live[args.systems[0]].url, for_system(warm["image448"], systems[0], adapter))
+            text_length = int(first["prompt_tokens"])  # the text scenario's length: an image448 prompt's
             warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length)
             for system in systems:
                 for scenario in SCENARIOS:
@@ -187,8 +189,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    for name, rs in by_system.items()}
         for scenario, by_system in raw.items()}
     results["prefill_over_floor_ms"] = excess_over_floor(raw, plan.FLOOR) if plan.FLOOR in args.systems else {}
-    provenance.stamp(results, gpu, "bench/image_prefill.py", sys.argv[1:] if argv is None else argv)
-    (args.out / "image_prefill.json").write_text(json.dumps(results, indent=1, default=str))
+    provenance.save_run(args.out / "image_prefill.json", results, gpu, "bench/image_prefill.py",
+                        sys.argv[1:] if argv is None else argv)
     print_table(results)
     return results
 

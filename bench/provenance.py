@@ -278,15 +278,18 @@ def combined(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "revisions": sorted({r["git"]["commit"] or "unknown" for r in records})}
 
 
-def stamp(results: dict[str, Any], gpu: dict[str, Any] | None, script: str, argv: Sequence[str]) -> None:
-    """Add to a server benchmark's ``results``, in place, what every such results file
-    records: ``environment`` (with ``gpu``, taken before the servers started), ``device``,
-    ``date`` (now), ``command`` (``script`` and its ``argv``) and ``provenance``."""
+def save_run(path: Path, results: dict[str, Any], gpu: dict[str, Any] | None, script: str,
+             argv: Sequence[str]) -> None:
+    """Write a server benchmark's ``results`` to ``path`` (JSON) with, added in place, what
+    every such results file records: ``environment`` (with ``gpu``, taken before the servers
+    started), ``device``, ``date`` (now), ``command`` (``script`` and its ``argv``) and
+    ``provenance``."""
     results["environment"] = environment(gpu)
     results["device"] = results["environment"]["device"]
     results["date"] = now()
     results["command"] = f"python {script} " + shlex.join(argv)
     results["provenance"] = record(results["environment"], results["date"])
+    path.write_text(json.dumps(results, indent=1, default=str))
 
 
 def write_results(out: Path, tag: str, doc: dict[str, Any], script: str, argv: Sequence[str]) -> Path:

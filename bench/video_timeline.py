@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"[video] {name}: {entry['status']}", flush=True)
     finally:
         servers.stop_all(live)
-    provenance.stamp(results, gpu, "bench/video_timeline.py", sys.argv[1:] if argv is None else argv)
-    (args.out / "video_timeline.json").write_text(json.dumps(results, indent=1, default=str))
+    provenance.save_run(args.out / "video_timeline.json", results, gpu, "bench/video_timeline.py",
+                        sys.argv[1:] if argv is None else argv)
     print_table(results)
     return results
 

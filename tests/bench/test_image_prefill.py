@@ -37,6 +37,15 @@ def test_rejects_a_system_named_twice(tmp_path):
         image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", "merge_only", "merge_only"])
 
 
+def test_refuses_systems_that_need_a_gpu_on_a_machine_without_one(tmp_path, capsys):
+    if image_prefill.provenance.gpu_info() is not None:
+        pytest.skip("this machine has a GPU: the systems would start")
+    with pytest.raises(SystemExit):
+        image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", "nolora", "merge_only"])
+    assert "nolora: needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()  # refused before any server started
+
+
 def test_one_cpu_round(tmp_path):
     result = image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--rounds", "1",
                                  "--systems", "merge_only", "unmerge_only"])

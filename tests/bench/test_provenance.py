@@ -114,12 +114,14 @@ def test_record_of_this_checkout_names_its_commit_and_the_versions():
     assert json.loads(json.dumps(record)) == record
 
 
-def test_stamp_adds_the_run_record_and_quotes_the_command():
+def test_save_run_writes_the_results_with_the_run_record_and_the_quoted_command(tmp_path):
     results = {"rounds": 3}
-    provenance.stamp(results, None, "bench/image_prefill.py", ["--out", "a dir", "--rounds", "3"])
-    assert results["rounds"] == 3
-    assert results["command"] == "python bench/image_prefill.py --out 'a dir' --rounds 3"
-    assert results["device"] == results["environment"]["device"] == results["provenance"]["machine"]["device"]
-    assert results["device"].startswith("CPU")  # no GPU given
-    assert results["provenance"]["date"] == results["date"]
-    assert results["provenance"]["git"]["commit"] == results["environment"]["code"].get("revision")
+    provenance.save_run(tmp_path / "r.json", results, None, "bench/image_prefill.py",
+                        ["--out", "a dir", "--rounds", "3"])
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved == results and saved["rounds"] == 3
+    assert saved["command"] == "python bench/image_prefill.py --out 'a dir' --rounds 3"
+    assert saved["device"] == saved["environment"]["device"] == saved["provenance"]["machine"]["device"]
+    assert saved["device"].startswith("CPU")  # no GPU given
+    assert saved["provenance"]["date"] == saved["date"]
+    assert saved["provenance"]["git"]["commit"] == saved["environment"]["code"].get("revision")
