@@ -346,6 +346,12 @@ _ROUTES = [
         "routes: POST /vlora/mode and GET /vlora/status are added to it", "http_api.add_routes",
         attrs=("add_api_route",),
     ),
+    TouchPoint(
+        "route", "sglang.srt.entrypoints.http_server.app", "SGLang's 400 for a body that fails validation ends "
+        "with the endpoint's source file and line, and a chat body its validators cannot read was a 500: "
+        "its validation handler is wrapped and answers those crashes too",
+        "http_errors.install", attrs=("exception_handlers", "add_exception_handler"),
+    ),
     TouchPoint("route", "sglang.srt.utils.auth.auth_level", "/vlora/mode carries SGLang's own admin auth level",
                "http_api.add_routes", params=("level",)),
     TouchPoint("route", "sglang.srt.utils.auth.AuthLevel", "the level of SGLang's /load_lora_adapter",

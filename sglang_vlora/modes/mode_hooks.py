@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from sglang_vlora import in_gemm_weights
+from sglang_vlora import http_errors, in_gemm_weights
 from sglang_vlora.config import NEVER_MERGES
 from sglang_vlora.http_api import RPC_MODE, RPC_STATUS, RPC_TIMELINE, SchedulerRPC, add_routes, rpc_failure
 from sglang_vlora.modes.controller import ModeController
@@ -230,7 +230,8 @@ def rpc_around(rt: VLoRARuntime, original, self, recv_req):
 # ------------------------------------------------------------------ HTTP server hooks
 def launch_subprocesses_after(rt: VLoRARuntime, result, cls, *args, **kwargs):
     """AFTER ``Engine._launch_subprocesses`` (HTTP server): connect to the scheduler's RPC
-    socket and add ``/vlora/mode``, ``/vlora/status`` and ``/vlora/timeline`` to the HTTP app."""
+    socket, add ``/vlora/mode``, ``/vlora/status`` and ``/vlora/timeline`` to the HTTP app, and
+    close its gaps in answering bad bodies (:mod:`sglang_vlora.http_errors`) before it serves."""
     from sglang.srt.server_args import PortArgs
 
     port_args = next((item for item in result if isinstance(item, PortArgs)), None)
@@ -238,6 +239,9 @@ def launch_subprocesses_after(rt: VLoRARuntime, result, cls, *args, **kwargs):
         return result
     rt.rpc = SchedulerRPC(port_args.rpc_ipc_name)
     add_routes(rt.rpc)
+    from sglang.srt.entrypoints.http_server import app
+
+    http_errors.install(app)
     return result
 
 
