@@ -4,8 +4,11 @@ Declared, with their reasons, in :mod:`sglang_vlora.sglang_hooks`; each hook tak
 process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
 
 * HTTP server, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
-  an object, one image placeholder per image, one ``lora_path`` per prompt of a batch (SGLang
-  crashes on the first two, answers 500 to the third and the last, and drops extra images);
+  an object, one image placeholder per image, one ``lora_path`` per prompt of a batch, one value
+  (not a list) in a single prompt's per-request fields, sampling params of a shape SGLang reads
+  (SGLang crashes on the first two and on a single prompt's list ``lora_path`` or
+  ``return_hidden_states``, answers 500 to the third, the batch's ``lora_path``, the single
+  prompt's other lists and the sampling params, and drops extra images);
   SGLang's own schema errors get the name of the field; then the task-head and application /
   SLO fields (:mod:`sglang_vlora.heads.head_requests`, :func:`sglang_vlora.request_check.check_application_and_slo`);
 * HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
@@ -87,10 +90,26 @@ async def validate_requests_around(rt: VLoRARuntime, original, self, obj) -> Non
     await original(self, obj)
 
 
-def normalized_request_after(rt: VLoRARuntime, result, self, *args, **kwargs):
-    """AFTER ``GenerateReqInput.normalize_batch_and_arguments``: SGLang indexes ``lora_path``
-    per prompt right after this (an IndexError, a 500, for a short list)."""
-    if not self.is_single:
+def _session_fields() -> tuple[str, ...]:
+    from sglang.srt.managers.io_struct import SessionParams
+
+    return SessionParams.__struct_fields__
+
+
+def normalize_request_around(rt: VLoRARuntime, original, self, *args, **kwargs):
+    """AROUND ``GenerateReqInput.normalize_batch_and_arguments``: before, the sampling params'
+    shape, which SGLang reads first (an empty list or ``"n": null`` was a 500), and the session
+    params' fields (an unknown one was a 500); after, one value
+    in each per-request field of a single prompt (SGLang keys the request by its rid right after
+    this, and its scheduler died on a list lora_path or return_hidden_states), and one
+    ``lora_path`` per prompt of a batch, which SGLang indexes right after this (an IndexError,
+    a 500, for a short list)."""
+    request_check.check_sampling_params_shape(self.sampling_params)
+    request_check.check_session_params(self.session_params, _session_fields())
+    result = original(self, *args, **kwargs)
+    if self.is_single:
+        request_check.check_single_values({name: getattr(self, name, None) for name in request_check.SINGLE_VALUES})
+    else:
         prompts = int(self.batch_size) * int(getattr(self, "parallel_sample_num", 1) or 1)
         request_check.check_adapter_list(self.lora_path, False, prompts)
     return result

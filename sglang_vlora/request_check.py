@@ -9,7 +9,7 @@ with a 400) whose message names the field and the fix.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sglang_vlora.orchestrator.request_params import application_and_slo
@@ -65,6 +65,58 @@ def check_adapter_list(lora_path: Any, is_single: bool, prompts: int) -> None:
         f"lora_path has {len(lora_path)} entries for {prompts} prompts: give one adapter name (or null) "
         "per prompt, or one name for all"
     )
+
+
+# Fields of a generate request that hold one value for a single prompt and one per prompt for a
+# batch, with what one value is. SGLang passes a single prompt's list on: its scheduler process
+# died on a list lora_path (``[null]``, ``["a8"]``) or return_hidden_states (``[]``), and a list
+# rid or sampling_params was a 500.
+SINGLE_VALUES = {
+    "lora_path": "an adapter name or null",
+    "rid": "a request id",
+    "return_hidden_states": 'true, false or "last"',
+    "sampling_params": "an object",
+}
+
+
+def check_single_values(fields: dict[str, Any]) -> None:
+    """A single prompt's per-request fields (:data:`SINGLE_VALUES`) are one value, not a list."""
+    for name, one in SINGLE_VALUES.items():
+        value = fields.get(name)
+        if isinstance(value, list):
+            raise RequestError(
+                f"{name} is a list of {len(value)} for one prompt: give {one}; "
+                "a list gives one per prompt of a batch"
+            )
+
+
+def check_sampling_params_shape(sampling_params: Any) -> None:
+    """What SGLang reads before anything else: an object, or a non-empty list of objects (one per
+    prompt of a batch), whose ``n``, where given, is a whole number (null was a 500)."""
+    if sampling_params is None:
+        return
+    entries = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+    if not entries:
+        raise RequestError("sampling_params is an empty list: give an object, or one object per prompt of a batch")
+    for i, params in enumerate(entries):
+        where = f"sampling_params[{i}]" if isinstance(sampling_params, list) else "sampling_params"
+        if not isinstance(params, dict):
+            raise RequestError(f"{where} must be an object, got {type(params).__name__}")
+        n = params.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise RequestError(f"{where}.n must be a whole number of samples, got {n!r}")
+
+
+def check_session_params(session_params: Any, known: Collection[str]) -> None:
+    """``session_params``, where given, is an object of SGLang's session fields (an unknown one
+    was a 500)."""
+    if session_params is None:
+        return
+    if not isinstance(session_params, dict):
+        raise RequestError(f"session_params must be an object, got {type(session_params).__name__}")
+    unknown = sorted(set(session_params) - set(known))
+    if unknown:
+        raise RequestError(f"session_params has unknown field(s) {unknown}: the fields are {sorted(known)}")
 
 
 def check_custom_params(sampling_params: Any) -> None:

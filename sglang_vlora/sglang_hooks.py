@@ -121,9 +121,10 @@ _HEAD_HOOKS = [
 _GUARD_HOOKS = [
     Hook(
         "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
-        HookType.AFTER,
-        guard_hooks.normalized_request_after,
-        "a batch whose lora_path list is shorter than its prompts was a 500 (IndexError): a 400",
+        HookType.AROUND,
+        guard_hooks.normalize_request_around,
+        "empty sampling params, \"n\": null and a batch whose lora_path list is shorter than its "
+        "prompts were 500s (IndexError, TypeError): 400s",
         ("self",),
     ),
     Hook(
@@ -336,6 +337,9 @@ _REGISTRATIONS = [
         attrs=("use_cuda_graph", "bs", "num_segments", "seg_indptr", "weight_indices", "lora_ranks",
                "scalings", "max_len", "seg_lens", "expected_tokens", "has_active_lora"),
     ),
+    TouchPoint("read", "sglang.srt.managers.io_struct.SessionParams", "a request's session_params must name "
+               "its fields (an unknown one was a 500)", "guard_hooks.normalize_request_around",
+               attrs=("__struct_fields__",)),
     TouchPoint("call", "sglang.srt.lora.utils.generate_sequence_lengths", "tokens per request of a forward batch",
                "backend.ATMMLoRABackend._prepare", params=("forward_batch", "device")),
 ]

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sglang_vlora.request_check import (
+    SINGLE_VALUES,
     RequestError,
     check_adapter_list,
     check_adapter_name,
@@ -15,6 +16,9 @@ from sglang_vlora.request_check import (
     check_image_size,
     check_image_tokens,
     check_prompts,
+    check_sampling_params_shape,
+    check_session_params,
+    check_single_values,
 )
 
 TOKEN = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>|<image>")
@@ -56,6 +60,30 @@ def test_custom_params_lists_and_adapters():
         check_adapter_list(["a", "b", "c"], False, 2)
 
 
+def test_a_single_prompt_takes_one_value_per_field():
+    check_single_values({"lora_path": "a8", "rid": "r", "return_hidden_states": "last", "sampling_params": {}})
+    check_single_values({"lora_path": None, "rid": None, "return_hidden_states": None, "sampling_params": None})
+    for name in SINGLE_VALUES:
+        for listed in ([], [None], ["a8", "b16"]):
+            with pytest.raises(RequestError, match=rf"^{name} is a list of {len(listed)} for one prompt"):
+                check_single_values({name: listed})
+
+
+def test_sampling_params_shape():
+    for good in (None, {}, {"n": 2}, [{"max_new_tokens": 2}, {"n": 1}]):
+        check_sampling_params_shape(good)
+    for bad, reason in (
+        ([], "is an empty list"),
+        ("x", "sampling_params must be an object, got str"),
+        ([{}, 3], r"sampling_params\[1\] must be an object, got int"),
+        ({"n": None}, "sampling_params.n must be a whole number of samples, got None"),
+        ({"n": True}, "got True"),
+        ([{"n": "2"}], r"sampling_params\[0\].n must be a whole number"),
+    ):
+        with pytest.raises(RequestError, match=reason):
+            check_sampling_params_shape(bad)
+
+
 @pytest.mark.parametrize("name", ["", ".hidden", "../x", "a/b", "a b", "m:a", "x" * 129, None, 3])
 def test_adapter_names_refused(name):
     with pytest.raises(RequestError, match="not a valid adapter name"):
@@ -68,3 +96,12 @@ def test_adapter_names_accepted_and_image_size():
     check_image_size(100, 100, 10_000)
     with pytest.raises(RequestError, match="101 x 100 = 10100 pixels"):
         check_image_size(101, 100, 10_000)
+
+
+def test_session_params_name_known_fields():
+    check_session_params(None, ("id", "rid"))
+    check_session_params({"id": "s"}, ("id", "rid"))
+    with pytest.raises(RequestError, match=r"unknown field\(s\) \['a'\]: the fields are \['id', 'rid'\]"):
+        check_session_params({"id": "s", "a": 1}, ("id", "rid"))
+    with pytest.raises(RequestError, match="session_params must be an object, got list"):
+        check_session_params([], ("id",))
