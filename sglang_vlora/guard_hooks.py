@@ -4,7 +4,8 @@ Declared, with their reasons, in :mod:`sglang_vlora.sglang_hooks`; each hook tak
 process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
 
 * HTTP server, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
-  an object, one image placeholder per image, one ``lora_path`` per prompt of a batch, one value
+  an object, one image placeholder per image, one ``lora_path`` (``modalities``,
+  ``custom_logit_processor``) per prompt of a batch, one value
   (not a list) in a single prompt's per-request fields, sampling params of a shape SGLang reads
   (SGLang crashes on the first two and on a single prompt's list ``lora_path`` or
   ``return_hidden_states``, answers 500 to the third, the batch's ``lora_path``, the single
@@ -101,8 +102,8 @@ def normalize_request_around(rt: VLoRARuntime, original, self, *args, **kwargs):
     shape, which SGLang reads first (an empty list or ``"n": null`` was a 500), and the session
     params' fields (an unknown one was a 500); after, one value
     in each per-request field of a single prompt (SGLang keys the request by its rid right after
-    this, and its scheduler died on a list lora_path or return_hidden_states), and one
-    ``lora_path`` per prompt of a batch, which SGLang indexes right after this (an IndexError,
+    this, and its scheduler died on a list lora_path or return_hidden_states), and one entry per
+    prompt in a batch's per-prompt lists, which SGLang indexes right after this (an IndexError,
     a 500, for a short list)."""
     request_check.check_sampling_params_shape(self.sampling_params)
     request_check.check_session_params(self.session_params, _session_fields())
@@ -111,7 +112,7 @@ def normalize_request_around(rt: VLoRARuntime, original, self, *args, **kwargs):
         request_check.check_single_values({name: getattr(self, name, None) for name in request_check.SINGLE_VALUES})
     else:
         prompts = int(self.batch_size) * int(getattr(self, "parallel_sample_num", 1) or 1)
-        request_check.check_adapter_list(self.lora_path, False, prompts)
+        request_check.check_batch_lists({name: getattr(self, name, None) for name in request_check.BATCH_LISTS}, prompts)
     return result
 
 

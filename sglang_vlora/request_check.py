@@ -57,14 +57,21 @@ def check_prompts(text: Any, input_ids: Any, is_single: bool, vocab_size: int) -
                 )
 
 
-def check_adapter_list(lora_path: Any, is_single: bool, prompts: int) -> None:
-    """A batch names one adapter (or null) per prompt, or one adapter for all."""
-    if is_single or not isinstance(lora_path, list) or len(lora_path) == prompts:
-        return
-    raise RequestError(
-        f"lora_path has {len(lora_path)} entries for {prompts} prompts: give one adapter name (or null) "
-        "per prompt, or one name for all"
-    )
+# Fields of a batch that SGLang indexes per prompt without checking their length (an
+# IndexError, a 500, for a short list), with what one entry is.
+BATCH_LISTS = {
+    "lora_path": "one adapter name (or null) per prompt, or one name for all",
+    "modalities": "one entry per prompt",
+    "custom_logit_processor": "one entry per prompt",
+}
+
+
+def check_batch_lists(fields: dict[str, Any], prompts: int) -> None:
+    """A batch's per-prompt lists (:data:`BATCH_LISTS`) have one entry per prompt."""
+    for name, fix in BATCH_LISTS.items():
+        value = fields.get(name)
+        if isinstance(value, list) and len(value) != prompts:
+            raise RequestError(f"{name} has {len(value)} entries for {prompts} prompts: give {fix}")
 
 
 # Fields of a generate request that hold one value for a single prompt and one per prompt for a

@@ -96,6 +96,7 @@ CASES = [
         sampling_params={**SP, "custom_params": {"vlora_slo_ms": -1}}),
     gen("adapter-unknown", "never been loaded: no_such_adapter", text="hi", lora_path="no_such_adapter"),
     gen("adapter-list-too-short", "lora_path has 1 entries for 2 prompts", text=["hi", "ho"], lora_path=["a8"]),
+    gen("modalities-list-too-short", "modalities has 1 entries for 2 prompts", text=["hi", "ho"], modalities=["image"]),
     gen("image-decompression-bomb", "--vlora-max-image-pixels", text=IMAGE_TEXT, image_data=png_header(20000, 20000)),
     gen("image-above-pixel-limit", "9000 x 9000 = 81000000 pixels is above", text=IMAGE_TEXT, image_data=png_header(9000, 9000)),
     gen("images-more-than-placeholders", "has 1 image placeholder(s)", text=IMAGE_TEXT, image_data=[GOOD_IMAGE, GOOD_IMAGE]),

@@ -2,7 +2,8 @@
 the answer is never a 5xx and the server keeps serving. Found this way (SGLang 0.5.23 alone):
 a single prompt's ``lora_path: [null]`` or ``return_hidden_states: []`` killed the scheduler
 process, and a list ``rid``, an empty ``sampling_params`` list, ``"n": null``, an unknown
-``session_params`` field and a chat body or ``response_format`` that is not an object were 500s.
+``session_params`` field, a chat body or ``response_format`` that is not an object and a batch's
+short ``modalities`` or ``custom_logit_processor`` list were 500s.
 The corpus in test_bad_input.py checks each of those reasons; this sweep checks the classes."""
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ SAMPLING = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", 
             "repetition_penalty", "min_new_tokens", "sampling_seed"]
 
 
+# A batch of two prompts: lists of the wrong length, or of entries of the wrong type.
+BATCH_FIELDS = ["input_ids", "image_data", "sampling_params", "lora_path", "return_logprob", "logprob_start_len",
+                "top_logprobs_num", "rid", "token_ids_logprob", "modalities", "return_hidden_states",
+                "custom_logit_processor"]
+WRONG_LISTS = [[None, None], [5, 5], ["x", 1], [[], []], [{}, {}], ["a8"], ["a8", "b16", "a8"], [{"a": 1}, {"a": 1}]]
+
+
 def bodies():
     for path, fields in FIELDS.items():
         for name in fields:
@@ -43,6 +51,9 @@ def bodies():
     for name in SAMPLING:
         for value in WRONG:
             yield "/generate", f"sampling_params.{name}", {"text": "hi", "sampling_params": {"max_new_tokens": 2, name: value}}
+    for name in BATCH_FIELDS:
+        for value in WRONG_LISTS:
+            yield "/generate", name, {"text": ["hi", "ho"], "sampling_params": {"max_new_tokens": 2}, name: value}
 
 
 def test_no_field_of_the_wrong_type_is_a_5xx_or_stops_the_server(guarded):

@@ -8,10 +8,11 @@ import re
 import pytest
 
 from sglang_vlora.request_check import (
+    BATCH_LISTS,
     SINGLE_VALUES,
     RequestError,
-    check_adapter_list,
     check_adapter_name,
+    check_batch_lists,
     check_custom_params,
     check_image_size,
     check_image_tokens,
@@ -54,10 +55,13 @@ def test_custom_params_lists_and_adapters():
     check_custom_params([{"custom_params": {"vlora_head": True}}, {}, None])
     with pytest.raises(RequestError, match=r"sampling_params\[1\].custom_params must be an object"):
         check_custom_params([{}, {"custom_params": "x"}])
-    check_adapter_list(["a8", None], False, 2)
-    check_adapter_list("a8", False, 2)
-    with pytest.raises(RequestError, match="3 entries for 2 prompts"):
-        check_adapter_list(["a", "b", "c"], False, 2)
+    check_batch_lists({"lora_path": ["a8", None], "modalities": None}, 2)
+    check_batch_lists({"lora_path": "a8"}, 2)
+    for name in BATCH_LISTS:
+        with pytest.raises(RequestError, match=rf"^{name} has 3 entries for 2 prompts"):
+            check_batch_lists({name: ["a", "b", "c"]}, 2)
+        with pytest.raises(RequestError, match=rf"^{name} has 1 entries for 2 prompts"):
+            check_batch_lists({name: ["a"]}, 2)
 
 
 def test_a_single_prompt_takes_one_value_per_field():
