@@ -4,12 +4,12 @@ Declared, with their reasons, in :mod:`sglang_vlora.sglang_hooks`; each hook tak
 process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
 
 * HTTP server, per request: a non-empty prompt, token ids inside the vocabulary, ``custom_params``
-  an object, one image placeholder per image, one ``lora_path`` (``modalities``,
-  ``custom_logit_processor``) per prompt of a batch, one value
-  (not a list) in a single prompt's per-request fields, sampling params of a shape SGLang reads
-  (SGLang crashes on the first two and on a single prompt's list ``lora_path`` or
-  ``return_hidden_states``, answers 500 to the third, the batch's ``lora_path``, the single
-  prompt's other lists and the sampling params, and drops extra images);
+  an object, one image placeholder per image (SGLang crashes on the first two, answers 500 to
+  the third and drops extra images); around SGLang's normalisation of a generate request, the
+  shapes it reads unchecked (:func:`normalize_request_around`): one value in a single prompt's
+  per-request fields (a list ``lora_path`` or ``return_hidden_states`` stopped the scheduler
+  process), one entry per prompt in a batch's lists, sampling params and session params that it
+  can read (500s before);
   SGLang's own schema errors get the name of the field; then the task-head and application /
   SLO fields (:mod:`sglang_vlora.heads.head_requests`, :func:`sglang_vlora.request_check.check_application_and_slo`);
 * HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
@@ -100,13 +100,13 @@ def _session_fields() -> tuple[str, ...]:
 def normalize_request_around(rt: VLoRARuntime, original, self, *args, **kwargs):
     """AROUND ``GenerateReqInput.normalize_batch_and_arguments``: before, the sampling params'
     shape, which SGLang reads first (an empty list or ``"n": null`` was a 500), and the session
-    params' fields (an unknown one was a 500); after, one value
-    in each per-request field of a single prompt (SGLang keys the request by its rid right after
-    this, and its scheduler died on a list lora_path or return_hidden_states), and one entry per
-    prompt in a batch's per-prompt lists, which SGLang indexes right after this (an IndexError,
-    a 500, for a short list)."""
+    params' fields (an unknown one was a 500); after, one value in each per-request field of a
+    single prompt (SGLang keys the request by its rid right after this, and its scheduler died
+    on a list lora_path or return_hidden_states), and one entry per prompt in a batch's lists,
+    which SGLang indexes right after this (an IndexError, a 500, for a short list)."""
     request_check.check_sampling_params_shape(self.sampling_params)
-    request_check.check_session_params(self.session_params, _session_fields())
+    if self.session_params is not None:
+        request_check.check_session_params(self.session_params, _session_fields())
     result = original(self, *args, **kwargs)
     if self.is_single:
         request_check.check_single_values({name: getattr(self, name, None) for name in request_check.SINGLE_VALUES})

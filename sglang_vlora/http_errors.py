@@ -10,7 +10,9 @@ SGLang 0.5.23 leaves two gaps there, both closed by :func:`install` on the app b
   that is not a JSON object, or a ``response_format`` that is not one, raised ``AttributeError``
   inside the validation, and the client got a 500 for its own mistake. An ``AttributeError`` or
   ``TypeError`` raised while FastAPI validates a request body is now answered like any other
-  validation error, a 400 naming the body; raised anywhere else, it stays the server's 500.
+  validation error, a 400 naming the body; raised anywhere else, it stays the server's 500
+  (raised after a streaming answer started, Starlette reports it as a ``RuntimeError`` caused
+  by it, since a handler exists for its type).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def body_crash_as_validation_error(validation_handler: Handler) -> Handler:
             raise exc
         logger.info("sglang-vlora: %s %s: a body its validators could not read (%s: %s): 400",
                     request.method, request.url.path, type(exc).__name__, exc)
-        error = {"type": "value_error", "loc": ("body",), "msg": f"the body does not fit the request's schema ({exc})"}
+        error = {"type": "value_error", "loc": ("body",), "msg": f"the body does not fit the request schema ({exc})"}
         return await validation_handler(request, RequestValidationError([error]))
 
     return handler

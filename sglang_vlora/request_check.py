@@ -115,10 +115,7 @@ def check_sampling_params_shape(sampling_params: Any) -> None:
 
 
 def check_session_params(session_params: Any, known: Collection[str]) -> None:
-    """``session_params``, where given, is an object of SGLang's session fields (an unknown one
-    was a 500)."""
-    if session_params is None:
-        return
+    """``session_params`` is an object of SGLang's session fields (an unknown one was a 500)."""
     if not isinstance(session_params, dict):
         raise RequestError(f"session_params must be an object, got {type(session_params).__name__}")
     unknown = sorted(set(session_params) - set(known))

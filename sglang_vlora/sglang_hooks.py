@@ -123,8 +123,9 @@ _GUARD_HOOKS = [
         "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
         HookType.AROUND,
         guard_hooks.normalize_request_around,
-        "empty sampling params, \"n\": null and a batch whose lora_path list is shorter than its "
-        "prompts were 500s (IndexError, TypeError): 400s",
+        "a single prompt's list lora_path or return_hidden_states stopped the scheduler process; a list "
+        "rid or sampling_params, empty sampling params, \"n\": null, an unknown session_params field and "
+        "a batch's short lora_path, modalities or custom_logit_processor list were 500s: all 400s",
         ("self",),
     ),
     Hook(

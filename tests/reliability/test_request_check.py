@@ -103,7 +103,6 @@ def test_adapter_names_accepted_and_image_size():
 
 
 def test_session_params_name_known_fields():
-    check_session_params(None, ("id", "rid"))
     check_session_params({"id": "s"}, ("id", "rid"))
     with pytest.raises(RequestError, match=r"unknown field\(s\) \['a'\]: the fields are \['id', 'rid'\]"):
         check_session_params({"id": "s", "a": 1}, ("id", "rid"))

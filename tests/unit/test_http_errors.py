@@ -23,7 +23,7 @@ class Ask(BaseModel):
     def read_format(cls, values):
         fmt = values.get("response_format")  # AttributeError for a body that is not an object
         if fmt:
-            fmt.get("type")  # ... or a response_format that is not one
+            "json" + fmt.get("type", "")  # ... or a response_format that is not one (TypeError: a number)
         return values
 
 
@@ -62,11 +62,13 @@ def test_validation_errors_keep_their_reason_and_lose_the_source():
 
 def test_a_body_the_validators_cannot_read_is_a_400_with_the_reason():
     client = TestClient(make_app(install=True))
-    for body in ([1, 2], 3, "x", {"prompt": "hi", "response_format": "json"}):
+    for body, cause in (([1, 2], "has no attribute 'get'"), (3, "has no attribute 'get'"),
+                        ({"prompt": "hi", "response_format": "json"}, "has no attribute 'get'"),
+                        ({"prompt": "hi", "response_format": {"type": 5}}, "can only concatenate")):
         answer = client.post("/ask", json=body)
         assert answer.status_code == 400, (body, answer.text)
         message = answer.json()["message"]
-        assert "the body does not fit the request's schema" in message and "has no attribute 'get'" in message
+        assert "the body does not fit the request schema" in message and cause in message
         assert ".py" not in answer.text
     assert client.post("/ask", json={"prompt": "hi"}).json() == {"prompt": "hi"}
 
