@@ -11,7 +11,7 @@ PORT    ?= 30000
 SERVE_ARGS ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install serve test lint bench tune test-gpu tiny soak
+.PHONY: install serve test lint bench tune test-gpu test-gpu-server tiny soak
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,14 @@ tune: install
 # Kernel checks on a GPU (CI runs the same kernels in Triton's interpreter).
 test-gpu: install
 	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu
+
+# The reliability corpus (bad input, wrong-typed request fields) against a GPU server with CUDA
+# graphs: the same requests and expected answers as on CPU. GPU_TEST_SERVER_FLAGS adds server
+# flags (an install without FlashInfer needs --attention-backend triton --sampling-backend pytorch).
+GPU_TEST_SERVER_FLAGS ?= --max-total-tokens 16384
+GPU_SERVER_TESTS = tests/reliability/test_bad_input.py tests/reliability/test_field_types.py
+test-gpu-server: install
+	VLORA_TEST_SERVER_FLAGS="$(GPU_TEST_SERVER_FLAGS)" TRITON_INTERPRET=0 $(PY) -m pytest -q $(GPU_SERVER_TESTS)
 
 # The reliability tests' mixed load (every adapter, text and images, mode switches, hot
 # load/unload) for SOAK_S seconds instead of two rounds, then the fault and slot tests; bounded.

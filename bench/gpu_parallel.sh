@@ -5,7 +5,9 @@
 #   bash bench/gpu_parallel.sh 'CALL [run flags]' ['CALL [run flags]' ...]
 # Call i runs `bash bench/gpu_e2e.sh CALL [run flags]` on GPU i (CUDA_VISIBLE_DEVICES=i), all at
 # the same time; a call line may also be `test-gpu`, which runs `make test-gpu`'s tests there instead
-# (the CUDA extension's build limited to MAX_JOBS=4 compiler jobs, to leave the other calls the CPUs).
+# (the CUDA extension's build limited to MAX_JOBS=4 compiler jobs, to leave the other calls the CPUs),
+# or `test-gpu-server`, which runs `make test-gpu-server`'s reliability corpus against a GPU server
+# with CUDA graphs (this environment's flags: GPU_TEST_SERVER_FLAGS below; log tests_server.log).
 # Each call's servers and client see only their own GPU, so the systems of one call are still
 # compared on one GPU, with the same neighbours, as in bench/gpu_e2e.sh. The calls do share the
 # host's CPUs: a host-bound point (eager prefill) may run slower than it would alone, alike for the
@@ -48,6 +50,14 @@ for line in "$@"; do
       timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
         tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu "${words[@]:1}" \
         > "$OUT/tests.log" 2>&1 ) &
+  elif [ "${words[0]}" = test-gpu-server ]; then
+    ( export CUDA_VISIBLE_DEVICES=$i TRITON_INTERPRET=0 \
+        VLORA_TEST_SERVER_FLAGS="${GPU_TEST_SERVER_FLAGS:---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --max-total-tokens 16384}"
+      EP=$(python3 -c "import tempfile; from sglang_vlora.server_process import entry_point_dir as e; print(e(tempfile.mkdtemp()))")
+      export PYTHONPATH=$PWD:$EP${PYTHONPATH:+:$PYTHONPATH}
+      timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
+        tests/reliability/test_bad_input.py tests/reliability/test_field_types.py "${words[@]:1}" \
+        > "$OUT/tests_server.log" 2>&1 ) &
   else
     ( export CUDA_VISIBLE_DEVICES=$i OUT=$PARTS/call$i TAG=e2e_${words[0]}_${STAMP}_gpu$i
       bash bench/gpu_e2e.sh "${words[@]}" > "$PARTS/call$i.log" 2>&1 ) &
@@ -67,5 +77,6 @@ done
 tar -czf "$OUT/calls_logs.tar.gz" -C "$PARTS" . 2>/dev/null || true
 tail -n 5 "$PARTS"/call*.log 2>/dev/null
 [ -f "$OUT/tests.log" ] && tail -n 15 "$OUT/tests.log"
+[ -f "$OUT/tests_server.log" ] && tail -n 15 "$OUT/tests_server.log"
 ls -la "$OUT"
 exit $status

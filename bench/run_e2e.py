@@ -79,7 +79,7 @@ def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
     loads, traces = {}, {}
     for line in args.lines:
         words = line.split()
-        if not words or words[0] == "test-gpu":
+        if not words or words[0] in ("test-gpu", "test-gpu-server"):
             continue
         run = parse_args(["run", "--call", *words])
         try:
@@ -177,7 +177,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sub.add_parser("calls", help="list the calls").set_defaults(func=cmd_calls)
     sub.add_parser("stamp", help="write .cache/bench/git_stamp.json").set_defaults(func=cmd_stamp)
     pc = sub.add_parser("parallel-check", help="check bench/gpu_parallel.sh's call lines before anything starts")
-    pc.add_argument("lines", nargs="+", help="call lines, each 'CALL [run flags]' (test-gpu lines are skipped)")
+    pc.add_argument("lines", nargs="+", help="call lines, each 'CALL [run flags]' (test-gpu and test-gpu-server lines are skipped)")
     pc.add_argument("--allow-mixed", action="store_true", help="allow text and vision calls side by side")
     pc.set_defaults(func=cmd_parallel_check)
     pr = sub.add_parser("prepare", help="build a scale's model and adapters once (before parallel calls)")

@@ -3,10 +3,15 @@ one real SGLang server (``--plugin vlora``, CPU, three PEFT adapters) shared by 
 that asks for it. The server's log is printed when such a test fails.
 
 Servers are started by :mod:`sglang_vlora.server_process`, the launcher the end-to-end
-benchmark uses too; :func:`launch` adds the flags every CPU test server shares."""
+benchmark uses too; :func:`launch` adds the flags every CPU test server shares. On a GPU
+machine, ``VLORA_TEST_SERVER_FLAGS`` adds the flags that machine's servers need (``make
+test-gpu-server`` runs the reliability corpus so: the same requests and answers against a GPU
+server with CUDA graphs)."""
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / ".cache" / "tiny"
 START_TIMEOUT_S = 600
 MAX_LORA_RANK = 32
+SERVER_FLAGS_ENV = "VLORA_TEST_SERVER_FLAGS"
 
 
 @pytest.fixture(scope="session")
@@ -32,11 +38,12 @@ def tiny_assets() -> tuple[Path, dict[str, Path]]:
 
 
 def launch(model: Path, adapters: dict[str, Path], log_path: Path, extra: list[str]) -> Server:
-    """A ``--plugin vlora`` float32 server on CPU with ``adapters`` (sorted by name) and the
-    ``extra`` flags last; raises RuntimeError with the log tail if it does not come up."""
+    """A ``--plugin vlora`` float32 server (on CPU unless ``VLORA_TEST_SERVER_FLAGS`` says
+    otherwise) with ``adapters`` (sorted by name) and the ``extra`` flags last; raises
+    RuntimeError with the log tail if it does not come up."""
     adapters = dict(sorted(adapters.items()))
     flags = ["--plugin", "vlora", "--dtype", "float32", "--max-lora-rank", str(MAX_LORA_RANK),
-             "--max-loras-per-batch", "4", *extra]
+             "--max-loras-per-batch", "4", *shlex.split(os.environ.get(SERVER_FLAGS_ENV, "")), *extra]
     command = server_process.server_command(model, adapters, flags)
     return server_process.launch(command, log_path, START_TIMEOUT_S, model_dir=model, adapters=adapters)
 

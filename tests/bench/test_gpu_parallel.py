@@ -62,8 +62,10 @@ def test_parallel_check_refuses_a_text_call_beside_a_vision_call_and_bad_lines(c
         run_e2e.main(["parallel-check", "--", text, vision])
     assert run_e2e.main(["parallel-check", "--allow-mixed", "--", text, vision])["host_loads"] == {
         text: "text", vision: "vision"}
-    both_text = run_e2e.main(["parallel-check", "--", text, "decode --systems nolora unmerge_only csgmv", "test-gpu"])
-    assert set(both_text["host_loads"].values()) == {"text"} and "test-gpu" not in both_text["host_loads"]
+    both_text = run_e2e.main(["parallel-check", "--", text, "decode --systems nolora unmerge_only csgmv", "test-gpu",
+                              "test-gpu-server"])
+    assert set(both_text["host_loads"].values()) == {"text"}
+    assert "test-gpu" not in both_text["host_loads"] and "test-gpu-server" not in both_text["host_loads"]
     assert run_e2e.main(["parallel-check", "--", vision, "video --seed 2"])["host_loads"][vision] == "vision"
     with pytest.raises(SystemExit, match="'nope' is not a call"):
         run_e2e.main(["parallel-check", "--", "nope --seed 1"])
