@@ -12,6 +12,9 @@ process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
   can read (500s before);
   SGLang's own schema errors get the name of the field; then the task-head and application /
   SLO fields (:mod:`sglang_vlora.heads.head_requests`, :func:`sglang_vlora.request_check.check_application_and_slo`);
+  a streamed request refused that way no longer breaks its connection for the next request on it
+  (:func:`abort_task_around`), and a request refused before its adapters' use was counted no
+  longer logs a failed release (:func:`release_lora_around`);
 * HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
   before the image is decoded (Pillow's decompression-bomb error was a 500);
 * scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction, tensors
@@ -29,6 +32,8 @@ import logging
 import os
 import re
 import secrets
+
+from starlette.background import BackgroundTasks
 
 from sglang_vlora import request_check
 from sglang_vlora.adapters import AdapterError, ModelShapes, check_lora, check_package
@@ -114,6 +119,47 @@ def normalize_request_around(rt: VLoRARuntime, original, self, *args, **kwargs):
         prompts = int(self.batch_size) * int(getattr(self, "parallel_sample_num", 1) or 1)
         request_check.check_batch_lists({name: getattr(self, name, None) for name in request_check.BATCH_LISTS}, prompts)
     return result
+
+
+def abort_task_around(rt: VLoRARuntime, original, self, obj):
+    """AROUND ``TokenizerManager.create_abort_task``, the background task of SGLang's streamed
+    answers: 2 s after a stream ends it reads ``obj.is_single`` and looks each rid up. For a
+    streamed request refused before SGLang registered it (its normalisation raised, so
+    ``is_single`` was never set, or a check refused a list rid) that raised, and uvicorn then
+    closed the connection, cutting the answer of whatever the client had sent next on it. Such
+    a request has nothing to abort: SGLang's task runs only for a request whose rids it may
+    have registered (:func:`registered_rids`)."""
+    sglang_task = original(self, obj)
+    guarded = BackgroundTasks()
+    guarded.add_task(_abort_if_registered, sglang_task, obj)
+    return guarded
+
+
+async def _abort_if_registered(sglang_task: BackgroundTasks, obj) -> None:
+    if registered_rids(getattr(obj, "is_single", None), getattr(obj, "rid", None)) is not None:
+        await sglang_task()
+
+
+def release_lora_around(rt: VLoRARuntime, original, self, state):
+    """AROUND ``TokenizerManager._release_lora_once``: a request refused before SGLang counted
+    its adapters' use (an adapter never loaded, or a check of :func:`validate_requests_around`)
+    has no ``lora_id``, and SGLang's release of it raised in a background task, logging a
+    traceback for every such request. Nothing was counted, so there is nothing to release."""
+    if getattr(state.obj, "lora_id", None) is None:
+        return None
+    return original(self, state)
+
+
+def registered_rids(is_single: bool | None, rid) -> list[str] | None:
+    """The rids SGLang may have registered for a normalised request: one string for a single
+    prompt, a list of strings for a batch. None where it registered none: normalisation did not
+    finish (``is_single`` unset) or the rid has a shape the checks refuse."""
+    if is_single is None:
+        return None
+    rids = [rid] if is_single else rid
+    if not isinstance(rids, list) or not all(isinstance(r, str) for r in rids):
+        return None
+    return rids
 
 
 def contract_error_around(rt: VLoRARuntime, original, body):

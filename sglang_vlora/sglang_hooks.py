@@ -129,6 +129,23 @@ _GUARD_HOOKS = [
         ("self",),
     ),
     Hook(
+        f"{TOKENIZER_MANAGER}.create_abort_task",
+        HookType.AROUND,
+        guard_hooks.abort_task_around,
+        "a streamed request refused before SGLang registered it made the stream's abort task raise "
+        "2 s later, and uvicorn closed the connection, cutting the next answer on it: skip the task "
+        "for such a request",
+        ("self", "obj"),
+    ),
+    Hook(
+        f"{TOKENIZER_MANAGER}._release_lora_once",
+        HookType.AROUND,
+        guard_hooks.release_lora_around,
+        "a request refused before its adapters' use was counted (an unknown adapter, our checks) "
+        "has no lora_id, and SGLang's release logged a traceback for each: skip the release",
+        ("self", "state"),
+    ),
+    Hook(
         "sglang.srt.entrypoints.api_contract.generate_contract_error",
         HookType.AROUND,
         guard_hooks.contract_error_around,
@@ -338,6 +355,13 @@ _REGISTRATIONS = [
         attrs=("use_cuda_graph", "bs", "num_segments", "seg_indptr", "weight_indices", "lora_ranks",
                "scalings", "max_len", "seg_lens", "expected_tokens", "has_active_lora"),
     ),
+    TouchPoint("read", f"{TOKENIZER_MANAGER}.create_abort_task", "the stream's abort task reads the request's "
+               "is_single and rids after the stream: the guard runs it only where they can name registered "
+               "requests", "guard_hooks.abort_task_around", source_has=("is_single", "rid_to_state")),
+    TouchPoint("read", "sglang.srt.managers.io_struct.GenerateReqInput", "a request whose lora_id is unset "
+               "never had its adapters' use counted", "guard_hooks.release_lora_around", attrs=("lora_id",)),
+    TouchPoint("read", "sglang.srt.managers.tokenizer_manager.ReqState", "the request a state is of",
+               "guard_hooks.release_lora_around", attrs=("obj",)),
     TouchPoint("read", "sglang.srt.managers.io_struct.SessionParams", "a request's session_params must name "
                "its fields (an unknown one was a 500)", "guard_hooks.normalize_request_around",
                attrs=("__struct_fields__",)),

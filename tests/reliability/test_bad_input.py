@@ -8,8 +8,10 @@ vocabulary, a misfit adapter, a decompression bomb)."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reliability.conftest import ADMIN, USER, assert_serving
+from tests.reliability.conftest import ADMIN, TEXT, USER, assert_serving
 from tests.reliability.packages import BAD_PACKAGES, build
 from tests.server.reference import chat_text, make_image, png_base64
 
@@ -223,3 +225,57 @@ def test_bad_package_fails_its_load_with_the_reason_the_check_gives(guarded, bad
 
 def test_the_corpus_covers_sixty_kinds():
     assert len(CASES) + len(BAD_PACKAGES) >= 60
+
+
+# Streamed requests refused before SGLang registered them: normalisation raised (is_single never
+# set), a single prompt's list rid, and a field SGLang itself refuses after normalising. The
+# stream's abort task used to raise 2 s after such a stream ended, and uvicorn then closed the
+# connection, cutting the answer to the next request on it.
+STREAMED_REFUSALS = [
+    ("/generate", {"text": "hi", "stream": True, "sampling_params": []}, "sampling_params"),
+    ("/generate", {"text": "hi", "stream": True, "rid": ["x"], "sampling_params": {"max_new_tokens": 2}}, "rid"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "stream": True, "max_tokens": 2, "rid": ["x"]}, "rid"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", STREAMED_REFUSALS, ids=[f"{p}-{f}" for p, _, f in STREAMED_REFUSALS])
+def test_a_refused_streamed_request_leaves_its_connection_serving(guarded, path, body, field):
+    host, port = guarded.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    headers = {**USER, "Content-Type": "application/json"}
+    try:
+        connection.request("POST", path, json.dumps(body), headers)
+        refused = connection.getresponse()
+        text = refused.read().decode()
+        assert refused.status == 400 or (refused.status == 200 and '"error"' in text), text
+        assert field in text, text
+        time.sleep(3)  # past the abort task's 2 s, within uvicorn's 5 s keep-alive
+        good = {"text": TEXT, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        connection.request("POST", "/generate", json.dumps(good), headers)
+        answer = connection.getresponse()
+        assert answer.status == 200, answer.read()
+        assert json.loads(answer.read())["meta_info"]["completion_tokens"] == 1
+    finally:
+        connection.close()
+    assert_serving(guarded)
+
+
+# Refused before SGLang counted the adapter's use: its release of the use raised in a background
+# task and logged a traceback for each such request.
+UNCOUNTED = [
+    {"text": "hi", "lora_path": "no_such_adapter", "sampling_params": SP},
+    {"text": "hi", "lora_path": "a8", "sampling_params": {**SP, "custom_params": {"vlora_head": True}}},
+]
+
+
+def test_a_request_refused_before_its_adapter_was_counted_leaves_no_failed_release(guarded):
+    start = guarded.log_path.stat().st_size
+    for body in UNCOUNTED:
+        response = httpx.post(guarded.url + "/generate", json=body, headers=USER, timeout=60)
+        assert response.status_code == 400, response.text
+    assert_serving(guarded)  # the release task of the last refusal has run by the time this answers
+    with guarded.log_path.open(errors="replace") as log:
+        log.seek(start)
+        written = log.read()
+    assert "never been loaded" in written and "has no task head" in written, written
+    assert "Task exception was never retrieved" not in written and "Traceback" not in written, written

@@ -4,11 +4,15 @@ a single prompt's ``lora_path: [null]`` or ``return_hidden_states: []`` killed t
 process, and a list ``rid``, an empty ``sampling_params`` list, ``"n": null``, an unknown
 ``session_params`` field, a chat body or ``response_format`` that is not an object and a batch's
 short ``modalities`` or ``custom_logit_processor`` list were 500s.
+Streamed, the refusals of requests SGLang had not registered made the stream's abort task raise
+and uvicorn close the connection, and refusals before an adapter's use was counted logged a
+failed release.
 The corpus in test_bad_input.py checks each of those reasons; this sweep checks the classes."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.reliability.conftest import USER, assert_serving
 
@@ -43,10 +47,16 @@ BATCH_FIELDS = ["input_ids", "image_data", "sampling_params", "lora_path", "retu
 WRONG_LISTS = [[None, None], [5, 5], ["x", 1], [[], []], [{}, {}], ["a8"], ["a8", "b16", "a8"], [{"a": 1}, {"a": 1}]]
 
 
+# Where null is not wrong: a chat request without max_tokens generates up to the context length.
+NULL_IS_VALID = {("/v1/chat/completions", "max_tokens")}
+
+
 def bodies():
     for path, fields in FIELDS.items():
         for name in fields:
             for value in WRONG:
+                if value is None and (path, name) in NULL_IS_VALID:
+                    continue
                 yield path, name, {**BASES[path], name: value}
     for name in SAMPLING:
         for value in WRONG:
@@ -56,16 +66,28 @@ def bodies():
             yield "/generate", name, {"text": ["hi", "ho"], "sampling_params": {"max_new_tokens": 2}, name: value}
 
 
-def test_no_field_of_the_wrong_type_is_a_5xx_or_stops_the_server(guarded):
+@pytest.mark.parametrize("stream", [False, True], ids=["answered", "streamed"])
+def test_no_field_of_the_wrong_type_is_a_5xx_or_stops_the_server(guarded, stream):
+    """Streamed, a refusal is an error event in a 200 stream; the stream's background task then
+    must not fail (it used to, for requests refused before SGLang registered them, and uvicorn
+    closed the keep-alive connection, cutting the next answer on it)."""
+    start = guarded.log_path.stat().st_size
     failures = []
     with httpx.Client(headers=USER, timeout=60) as client:
         for path, name, body in bodies():
+            if stream and name == "stream":
+                continue
             try:
-                status = client.post(guarded.url + path, json=body).status_code
-            except httpx.TransportError as exc:  # the server went away while answering
+                status = client.post(guarded.url + path, json={**body, "stream": True} if stream else body).status_code
+            except httpx.TransportError as exc:  # the server went away, or closed the connection, while answering
                 status = repr(exc)
             if not isinstance(status, int) or status >= 500:
                 failures.append((path, name, body[name] if name in body else body["sampling_params"], status))
                 assert guarded.alive(), (failures, guarded.log_tail())
     assert not failures, failures
     assert_serving(guarded)
+    with guarded.log_path.open(errors="replace") as log:
+        log.seek(start)
+        written = log.read()
+    for failed in ("Exception in ASGI application", "Task exception was never retrieved"):
+        assert failed not in written, written[written.index(failed):][:3000]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from sglang_vlora.guard_hooks import registered_rids
 from sglang_vlora.request_check import (
     BATCH_LISTS,
     SINGLE_VALUES,
@@ -108,3 +109,13 @@ def test_session_params_name_known_fields():
         check_session_params({"id": "s", "a": 1}, ("id", "rid"))
     with pytest.raises(RequestError, match="session_params must be an object, got list"):
         check_session_params([], ("id",))
+
+
+def test_a_stream_abort_task_runs_only_for_requests_sglang_can_have_registered():
+    assert registered_rids(True, "r1") == ["r1"]
+    assert registered_rids(False, ["r1", "r2"]) == ["r1", "r2"]
+    assert registered_rids(None, "r1") is None  # normalisation never finished
+    assert registered_rids(True, ["x"]) is None  # a single prompt's list rid, refused
+    assert registered_rids(False, ["r1", ["x"]]) is None
+    assert registered_rids(False, "r1") is None
+    assert registered_rids(True, None) is None
