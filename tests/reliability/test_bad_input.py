@@ -279,3 +279,31 @@ def test_a_request_refused_before_its_adapter_was_counted_leaves_no_failed_relea
         written = log.read()
     assert "never been loaded" in written and "has no task head" in written, written
     assert "Task exception was never retrieved" not in written and "Traceback" not in written, written
+
+
+GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+
+def test_the_corpus_streamed_gets_its_reasons_and_no_failed_task(guarded):
+    """Every generate case of the corpus again with ``"stream": true``: SGLang answers a refusal
+    either before the stream (the 4xx) or as an error event in a 200 stream; either way the reason
+    is there, and the server logs no failed handler or background task."""
+    start = guarded.log_path.stat().st_size
+    streamed = [c for c in CASES if c.path in GENERATE_PATHS and isinstance(c.body, dict) and c.raw is None]
+    assert len(streamed) >= 50
+    failures = []
+    with httpx.Client(timeout=60) as client:
+        for case in streamed:
+            try:
+                response = client.post(guarded.url + case.path, json={**case.body, "stream": True}, headers=case.headers)
+                status, text = response.status_code, response.text
+            except httpx.TransportError as exc:
+                status, text = repr(exc), ""
+            if not isinstance(status, int) or status >= 500 or case.reason not in text:
+                failures.append((case.kind, status, text[:300]))
+    assert not failures, failures
+    assert_serving(guarded)
+    with guarded.log_path.open(errors="replace") as log:
+        log.seek(start)
+        written = log.read()
+    assert "Traceback" not in written, written[written.index("Traceback") - 500:][:3000]
