@@ -110,6 +110,20 @@ _HEAD_HOOKS = [
         ("self", "meta_info", "state", "customized_info", "index"),
     ),
     Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+        HookType.AROUND,
+        head_hooks.chat_head_check_around,
+        "a streamed chat completion asking for a head answered with the language model's token: refuse it",
+        ("self", "request"),
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
+        HookType.AROUND,
+        head_hooks.completion_head_check_around,
+        "a text completion asking for a head answered with the language model's token: refuse it",
+        ("self", "request"),
+    ),
+    Hook(
         "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._decode_response",
         HookType.AROUND,
         head_hooks.head_label_as_text_around,
@@ -355,6 +369,11 @@ _REGISTRATIONS = [
         attrs=("use_cuda_graph", "bs", "num_segments", "seg_indptr", "weight_indices", "lora_ranks",
                "scalings", "max_len", "seg_lens", "expected_tokens", "has_active_lora"),
     ),
+    TouchPoint("read", "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest", "whether a chat "
+               "completion is streamed and asks for a head", "heads.head_hooks.chat_head_check_around",
+               attrs=("stream", "custom_params")),
+    TouchPoint("read", "sglang.srt.entrypoints.openai.protocol.CompletionRequest", "whether a text completion "
+               "asks for a head", "heads.head_hooks.completion_head_check_around", attrs=("stream", "custom_params")),
     TouchPoint("read", f"{TOKENIZER_MANAGER}.create_abort_task", "the stream's abort task reads the request's "
                "is_single and rids after the stream: the guard runs it only where they can name registered "
                "requests", "guard_hooks.abort_task_around", source_has=("is_single", "rid_to_state")),

@@ -13,7 +13,9 @@ server with the other input checks (:func:`sglang_vlora.guard_hooks.validate_req
    head; label and top-k probabilities ride in the logits output's ``customized_info`` and
    reach the response's ``meta_info["vlora_head"]``;
 3. HTTP server, OpenAI chat completions: the label is the message text (non-streaming), and
-   the structured answer is in ``choices[].meta_info`` when ``return_meta_info`` is set.
+   the structured answer is in ``choices[].meta_info`` when ``return_meta_info`` is set; a
+   streamed chat completion or a text completion asking for a head is refused (400), since
+   either would carry the language model's token instead of the answer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import logging
 import torch
 
 from sglang_vlora.adapters import load_heads
-from sglang_vlora.heads.head_requests import RESULT_KEY, choose_head, head_answer, scheduler_task
+from sglang_vlora.heads.head_requests import (
+    RESULT_KEY,
+    choose_head,
+    head_answer,
+    openai_head_refusal,
+    scheduler_task,
+)
 from sglang_vlora.runtime import VLoRARuntime
 
 logger = logging.getLogger(__name__)
@@ -123,3 +131,17 @@ def head_label_as_text_around(rt: VLoRARuntime, original, self, ret_item: dict):
     if isinstance(answer, dict) and "label" in answer:
         return answer["label"]
     return original(self, ret_item)
+
+
+def chat_head_check_around(rt: VLoRARuntime, original, self, request):
+    """AROUND ``OpenAIServingChat._validate_request``: refuse a streamed head request (its
+    deltas would be the language model's token, not the label)."""
+    error = original(self, request)
+    return error or openai_head_refusal("chat", bool(request.stream), request.custom_params)
+
+
+def completion_head_check_around(rt: VLoRARuntime, original, self, request):
+    """AROUND ``OpenAIServingCompletion._validate_request``: refuse a head request (its text
+    would be the language model's token, and a completion has no ``meta_info``)."""
+    error = original(self, request)
+    return error or openai_head_refusal("completions", bool(request.stream), request.custom_params)

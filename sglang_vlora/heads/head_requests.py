@@ -43,6 +43,27 @@ def requested_task(custom_params: dict | None) -> str | None:
     raise ValueError(f"custom_params.{HEAD_PARAM} must be true or a task name, got {value!r}")
 
 
+def openai_head_refusal(endpoint: str, stream: bool, custom_params: Any) -> str | None:
+    """Why an OpenAI-API request for a head answer cannot get it, or None. The answer reaches
+    a client as the message text of a chat completion that is not streamed (and in
+    ``meta_info``); a streamed chat completion and a text completion would carry the language
+    model's one token instead, which is not the answer. A malformed field is left to
+    :func:`requested_task`'s check in the tokenizer."""
+    try:
+        if requested_task(custom_params) is None:
+            return None
+    except ValueError:
+        return None
+    if endpoint == "completions":
+        return (f"custom_params.{HEAD_PARAM}: a text completion cannot carry a head's answer; use "
+                "/v1/chat/completions (the label is the message text) or /generate (meta_info.vlora_head)")
+    if stream:
+        return (f"custom_params.{HEAD_PARAM}: a streamed chat completion cannot carry a head's answer; "
+                "send stream=false (the label is the message text) or use /generate, whose stream carries "
+                "it in meta_info.vlora_head")
+    return None
+
+
 def scheduler_task(custom_params: Any) -> str | None:
     """:func:`requested_task` in the scheduler, where a raise would stop the server: the
     HTTP server refused malformed fields already, so one here asks for no head."""

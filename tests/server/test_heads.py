@@ -2,6 +2,7 @@
 HF + peft's last-token hidden state through the same head; head requests share batches
 with ordinary generation; bad heads and bad head requests get a clear 400."""
 
+import json
 import shutil
 
 import httpx
@@ -155,3 +156,32 @@ def test_openai_chat_gets_the_label_as_text_and_the_structured_answer(server, he
     answer = choice.meta_info["vlora_head"][0]
     assert choice.message.content == answer["label"] in LABELS
     assert reply.usage.completion_tokens == 1
+
+
+def test_a_streamed_generate_carries_the_head_answer_in_meta_info(server, head_adapter):
+    body = {**head_request(chat_text("What is in the image?", False), "c32_head"), "stream": True}
+    response = httpx.post(server.url + "/generate", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    events = [json.loads(line[len("data: "):]) for line in response.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    answer = events[-1]["meta_info"]["vlora_head"][0]
+    assert answer["label"] in LABELS and answer["task"] == "object-class"
+
+
+def test_openai_requests_that_would_lose_the_head_answer_are_400(server, head_adapter):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    model = f"{server.model_dir}:c32_head"
+    head = {"custom_params": {"vlora_head": True}}
+    with pytest.raises(openai.BadRequestError, match="streamed chat completion cannot carry a head's answer"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], extra_body=head,
+                                       stream=True)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="text completion cannot carry a head's answer"):
+            client.completions.create(model=model, prompt="hi", max_tokens=2, extra_body=head, stream=stream)
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], extra_body=head)
+    assert reply.choices[0].message.content in LABELS
+    plain = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                           stream=True)
+    assert [chunk for chunk in plain]
