@@ -299,7 +299,10 @@ def test_the_corpus_streamed_gets_its_reasons_and_no_failed_task(guarded):
                 status, text = response.status_code, response.text
             except httpx.TransportError as exc:
                 status, text = repr(exc), ""
-            if not isinstance(status, int) or status >= 500 or case.reason not in text:
+            # streamed, an OpenAI request for a head answer is refused before its other checks run
+            asks_head = case.path != "/generate" and "vlora_head" in str(case.body.get("custom_params"))
+            reason = "cannot carry a head's answer" if asks_head else case.reason
+            if not isinstance(status, int) or status >= 500 or reason not in text:
                 failures.append((case.kind, status, text[:300]))
     assert not failures, failures
     assert_serving(guarded)
