@@ -50,7 +50,7 @@ for line in "$@"; do
       timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
         tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu "${words[@]:1}" \
         > "$OUT/tests.log" 2>&1 ) &
-  elif [ "${words[0]}" = test-gpu-server ]; then
+  elif [ "${words[0]}" = test-gpu-server ]; then  # the Makefile's GPU_SERVER_TESTS, run without its .venv
     ( export CUDA_VISIBLE_DEVICES=$i TRITON_INTERPRET=0 \
         VLORA_TEST_SERVER_FLAGS="${GPU_TEST_SERVER_FLAGS:---attention-backend triton --sampling-backend pytorch --mm-attention-backend sdpa --max-total-tokens 16384}"
       EP=$(python3 -c "import tempfile; from sglang_vlora.server_process import entry_point_dir as e; print(e(tempfile.mkdtemp()))")

@@ -3,7 +3,7 @@ one real SGLang server (``--plugin vlora``, CPU, three PEFT adapters) shared by 
 that asks for it. The server's log is printed when such a test fails.
 
 Servers are started by :mod:`sglang_vlora.server_process`, the launcher the end-to-end
-benchmark uses too; :func:`launch` adds the flags every CPU test server shares. On a GPU
+benchmark uses too; :func:`launch` adds the flags every test server shares. On a GPU
 machine, ``VLORA_TEST_SERVER_FLAGS`` adds the flags that machine's servers need (``make
 test-gpu-server`` runs the reliability corpus so: the same requests and answers against a GPU
 server with CUDA graphs)."""
@@ -38,9 +38,10 @@ def tiny_assets() -> tuple[Path, dict[str, Path]]:
 
 
 def launch(model: Path, adapters: dict[str, Path], log_path: Path, extra: list[str]) -> Server:
-    """A ``--plugin vlora`` float32 server (on CPU unless ``VLORA_TEST_SERVER_FLAGS`` says
-    otherwise) with ``adapters`` (sorted by name) and the ``extra`` flags last; raises
-    RuntimeError with the log tail if it does not come up."""
+    """A ``--plugin vlora`` float32 server on this machine's device (CPU in CI; SGLang takes a
+    GPU where there is one) with ``adapters`` (sorted by name), ``VLORA_TEST_SERVER_FLAGS``'s
+    flags, and the ``extra`` flags last; raises RuntimeError with the log tail if it does not
+    come up."""
     adapters = dict(sorted(adapters.items()))
     flags = ["--plugin", "vlora", "--dtype", "float32", "--max-lora-rank", str(MAX_LORA_RANK),
              "--max-loras-per-batch", "4", *shlex.split(os.environ.get(SERVER_FLAGS_ENV, "")), *extra]
