@@ -60,11 +60,12 @@ tune: install
 test-gpu: install
 	TRITON_INTERPRET=0 $(PY) -m pytest -q tests/kernels/test_cuda.py tests/kernels/test_cuda_sources.py tests/gpu
 
-# The reliability corpus (bad input, wrong-typed request fields) against a GPU server with CUDA
-# graphs: the same requests and expected answers as on CPU. GPU_TEST_SERVER_FLAGS adds server
+# The reliability corpus (bad input, wrong-typed request fields) and the task-head server tests
+# against a GPU server with CUDA graphs: the same requests and expected answers as on CPU. GPU_TEST_SERVER_FLAGS adds server
 # flags (an install without FlashInfer needs --attention-backend triton --sampling-backend pytorch).
 GPU_TEST_SERVER_FLAGS ?= --max-total-tokens 16384
-GPU_SERVER_TESTS = tests/reliability/test_bad_input.py tests/reliability/test_field_types.py
+GPU_SERVER_TESTS = tests/reliability/test_bad_input.py tests/reliability/test_field_types.py \
+	tests/server/test_heads.py
 test-gpu-server: install
 	VLORA_TEST_SERVER_FLAGS="$(GPU_TEST_SERVER_FLAGS)" TRITON_INTERPRET=0 $(PY) -m pytest -q $(GPU_SERVER_TESTS)
 

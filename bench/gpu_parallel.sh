@@ -6,7 +6,7 @@
 # Call i runs `bash bench/gpu_e2e.sh CALL [run flags]` on GPU i (CUDA_VISIBLE_DEVICES=i), all at
 # the same time; a call line may also be `test-gpu`, which runs `make test-gpu`'s tests there instead
 # (the CUDA extension's build limited to MAX_JOBS=4 compiler jobs, to leave the other calls the CPUs),
-# or `test-gpu-server`, which runs `make test-gpu-server`'s reliability corpus against a GPU server
+# or `test-gpu-server`, which runs `make test-gpu-server`'s reliability corpus and task-head tests against a GPU server
 # with CUDA graphs (this environment's flags: GPU_TEST_SERVER_FLAGS below; log tests_server.log).
 # Each call's servers and client see only their own GPU, so the systems of one call are still
 # compared on one GPU, with the same neighbours, as in bench/gpu_e2e.sh. The calls do share the
@@ -56,7 +56,8 @@ for line in "$@"; do
       EP=$(python3 -c "import tempfile; from sglang_vlora.server_process import entry_point_dir as e; print(e(tempfile.mkdtemp()))")
       export PYTHONPATH=$PWD:$EP${PYTHONPATH:+:$PYTHONPATH}
       timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
-        tests/reliability/test_bad_input.py tests/reliability/test_field_types.py "${words[@]:1}" \
+        tests/reliability/test_bad_input.py tests/reliability/test_field_types.py \
+        tests/server/test_heads.py "${words[@]:1}" \
         > "$OUT/tests_server.log" 2>&1 ) &
   else
     ( export CUDA_VISIBLE_DEVICES=$i OUT=$PARTS/call$i TAG=e2e_${words[0]}_${STAMP}_gpu$i
