@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import provenance  # noqa: E402
-from bench.e2e import plan, report, runner  # noqa: E402
+from bench.e2e import cpu_pinning, plan, report, runner  # noqa: E402
 
 DEFAULT_BUDGET_S = {"gpu": 520.0, "cpu": 1200.0}
 DEFAULT_REPORT = REPO / "bench" / "results" / "e2e_h200"
@@ -60,7 +60,12 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = args.log_dir or REPO / ".cache" / "bench" / "logs" / tag
     budget = args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S[call.scale]
     extra = plan.server_args(call, args.server_args)
-    return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force)
+    try:
+        pinning = (cpu_pinning.assign(cpu_pinning.ordered_cpus(), call.systems, args.cpus_per_server)
+                   if args.cpus_per_server else None)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    return runner.run_call(call, args.argv, args.out, log_dir, tag, budget, args.seed, extra, args.force, pinning)
 
 
 def call_traces(call: plan.Call, seed: int) -> set[tuple[str, int, int]]:
@@ -73,10 +78,11 @@ def call_traces(call: plan.Call, seed: int) -> set[tuple[str, int, int]]:
 
 def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
     """Refuse, before anything starts, call lines of bench/gpu_parallel.sh that ``run`` would
-    refuse, and a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load.
+    refuse, a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load, and a
+    call that pins its servers (``--cpus-per-server``) beside another.
     Warn where two lines would send the same request traces (seeds within their rounds of each
     other): such rounds are not independent draws, and the report's interval draws them together."""
-    loads, traces = {}, {}
+    loads, traces, pinned = {}, {}, []
     for line in args.lines:
         words = line.split()
         if not words or words[0] in ("test-gpu", "test-gpu-server"):
@@ -88,6 +94,12 @@ def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"error: {line!r}: {e}") from None
         loads[line] = plan.host_load(call)
         traces[line] = call_traces(call, run.seed)
+        if run.cpus_per_server:
+            pinned.append(line)
+    if pinned and sum(bool(line.split()) for line in args.lines) > 1:
+        raise SystemExit(f"error: {pinned[0]!r} pins its servers (--cpus-per-server) beside other lines: a call "
+                         "picks its CPUs from the whole host, so the others' processes would run on them too; "
+                         "run a pinned call alone, or start each call under its own taskset -c")
     shared = {}
     lines = list(traces)
     for i, a in enumerate(lines):
@@ -195,6 +207,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     r.add_argument("--log-dir", type=Path, help="server logs (default .cache/bench/logs/<tag>)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--force", action="store_true", help="also start systems that need a GPU on a CPU machine")
+    r.add_argument("--cpus-per-server", type=int, default=0, metavar="N",
+                   help="pin each server to N CPUs of its own and the clients to the rest (default 0: the "
+                        "kernel places them); with calls side by side, start each under its own taskset -c")
     r.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                    help="extra sglang.launch_server flags for every server (must come last)")
     r.set_defaults(func=cmd_run)

@@ -184,17 +184,20 @@ def start(
     name: str = "server",
     model_dir: Path | None = None,
     adapters: Mapping[str, Path] | None = None,
+    cpus: Sequence[int] | None = None,
 ) -> ServerProcess:
     """Launch ``command`` (a :func:`server_command`) without waiting; its output goes to
-    ``log_path``, which starts with the command line."""
+    ``log_path``, which starts with the command line. ``cpus``: the only CPUs the server and
+    every process it starts may run on (set in the child before it runs the command)."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write("$ " + shlex.join(command) + "\n")
         log.flush()
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
                                    env=dict(env) if env is not None else server_env(), cwd=cwd,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=pin)
     return ServerProcess(url_of(command), log_path, process, list(command), model_dir, dict(adapters or {}), name)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.e2e import measure, plan, servers
+from bench.e2e import cpu_pinning, measure, plan, servers
 from bench.e2e.plan import Call, Measurement, Point
 from bench.e2e.sglang_client import Worker
 from bench.workloads import Request
@@ -38,7 +38,7 @@ OVERHEAD_S = {"sglang": 10.0, "retrieval": 8.0, "video": 8.0}
 
 
 def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed: int,
-               extra: Sequence[str]) -> dict[str, Any]:
+               extra: Sequence[str], pinning: dict[str, Any] | None = None) -> dict[str, Any]:
     gpu = provenance.gpu_info()
     now = datetime.datetime.now(datetime.UTC)
     setup = plan.setup_of(call.scale)
@@ -53,7 +53,9 @@ def new_report(call: Call, argv: Sequence[str], setup_info: dict[str, Any], seed
         **provenance.environment(gpu),
         "setup": {**setup_info, "common_flags": list(setup.common_flags), "lora_flags": list(setup.lora_flags),
                   "seed": seed,
-                  "extra_server_args": list(extra)},
+                  "extra_server_args": list(extra),
+                  "cpu_pinning": pinning,
+                  "host_cpus": cpu_pinning.topology()},
         "caveats": list(setup.caveats),
         "points": {pid: asdict(p) for pid, p in points.items()},
         "systems": {name: {"about": plan.SYSTEMS[name].about, "flags": plan.SYSTEMS[name].flags(),
@@ -230,8 +232,10 @@ def _public(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dict[str, Path], log_dir: Path,
-                  extra: Sequence[str], force: bool) -> dict[str, ServerProcess]:
-    """Every runnable system's server, started side by side; those that came up."""
+                  extra: Sequence[str], force: bool,
+                  pinning: dict[str, Any] | None = None) -> dict[str, ServerProcess]:
+    """Every runnable system's server, started side by side; those that came up. ``pinning``
+    (:func:`cpu_pinning.assign`) gives each server its CPUs."""
     setup = plan.setup_of(call.scale)
     runnable = []
     for name in call.systems:
@@ -243,7 +247,8 @@ def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dic
             runnable.append(system)
     report["setup"]["memory"] = servers.check_memory(setup, model, len(runnable), report["gpu"], extra)
     print(f"[e2e] starting {len(runnable)} servers side by side: {', '.join(s.name for s in runnable)}", flush=True)
-    live = servers.start_all(runnable, setup, model, adapters, log_dir, extra)
+    live = servers.start_all(runnable, setup, model, adapters, log_dir, extra,
+                             pinning["servers"] if pinning else None)
     for s in runnable:
         report["systems"][s.name].update(server_command=" ".join(live[s.name].command),
                                          log=str(live[s.name].log_path))
@@ -261,14 +266,17 @@ def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dic
 
 
 def run_call(call: Call, argv: Sequence[str], out: Path, log_dir: Path, tag: str, budget_s: float, seed: int = 0,
-             extra: Sequence[str] = (), force: bool = False) -> dict[str, Any]:
+             extra: Sequence[str] = (), force: bool = False, pinning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One call (module docstring). ``pinning`` (:func:`cpu_pinning.assign`) pins each
+    server to its CPUs and this process, with the clients it starts, to the client's for
+    the call; None leaves placement to the kernel."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
     setup = plan.setup_of(call.scale)
     cache = servers.REPO / ".cache" / "bench"
     print(f"[e2e] call {call.name}: preparing the {setup.scale} model and {setup.adapters} adapters", flush=True)
     model, adapters, info = servers.prepare_assets(setup, cache)
-    report = new_report(call, argv, info, seed, extra)
+    report = new_report(call, argv, info, seed, extra, pinning)
     report["_t0"] = t0
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{tag}.json"
@@ -276,10 +284,13 @@ def run_call(call: Call, argv: Sequence[str], out: Path, log_dir: Path, tag: str
     live: dict[str, ServerProcess] = {}
     clients = Clients(log_dir / "client")
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    own_cpus = os.sched_getaffinity(0)
     try:
+        if pinning:
+            os.sched_setaffinity(0, pinning["client"])  # before the client worker starts: it inherits them
         if any(plan.points_of(call.scale)[p].client == "sglang" for p in call.points):
             clients.sglang()
-        live = start_servers(report, call, model, adapters, log_dir, extra, force)
+        live = start_servers(report, call, model, adapters, log_dir, extra, force, pinning)
         names = list(adapters)
         warm_up_all(report, call, live, names, seed)
         write_json(json_path, _public(report))
@@ -290,6 +301,7 @@ def run_call(call: Call, argv: Sequence[str], out: Path, log_dir: Path, tag: str
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        os.sched_setaffinity(0, own_cpus)
         clients.close()
         _finish(report, live, json_path, t0)
     return _public(report)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +127,16 @@ def server_env() -> dict[str, str]:
 
 
 def start_all(systems: Sequence[System], setup: Setup, model: Path, adapters: dict[str, Path], log_dir: Path,
-              extra: Sequence[str] = ()) -> dict[str, ServerProcess]:
+              extra: Sequence[str] = (), cpus: Mapping[str, Sequence[int]] | None = None) -> dict[str, ServerProcess]:
+    """Every system's server, started without waiting; ``cpus`` pins a server by name
+    (:mod:`bench.e2e.cpu_pinning`)."""
     env = server_env()
     servers = {}
     for s in systems:
         cmd = command(s, setup, model, adapters, extra)
         servers[s.name] = server_process.start(cmd, log_dir / f"{s.name}.log", env=env, cwd=REPO, name=s.name,
-                                               model_dir=model, adapters=adapters if s.lora else {})
+                                               model_dir=model, adapters=adapters if s.lora else {},
+                                               cpus=(cpus or {}).get(s.name))
     return servers
 
 

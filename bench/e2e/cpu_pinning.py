@@ -1,0 +1,70 @@
+"""Each server of a call on CPU cores of its own (``run --cpus-per-server N``).
+
+Why: without prefill CUDA graphs an eager prefill is bound by its server process's host speed,
+and in the rounds at 9b46a17 one server at a time ran for minutes at a speed of its own while
+the others in the same rounds did not (docs/perf.md, "Eight more 1024 in / 64 out rounds of
+ATMM alone"). With every server pinned to cores no other server uses, and the client to the
+rest, where the kernel places a process no longer decides a round. The cores come from this
+process's own affinity set: calls started side by side each under its own ``taskset -c`` split
+the host between them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+SYS_NODE = Path("/sys/devices/system/node")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _cpu_key(cpu: int) -> tuple[int, int, int]:
+    """Sort key that keeps a physical core's hardware threads next to each other: package,
+    core id, then the CPU number (missing topology files sort by CPU number alone)."""
+    topo = SYS_CPU / f"cpu{cpu}" / "topology"
+    package = _read(topo / "physical_package_id")
+    core = _read(topo / "core_id")
+    return (int(package) if package is not None else 0, int(core) if core is not None else cpu, cpu)
+
+
+def ordered_cpus() -> list[int]:
+    """The CPUs this process may run on, ordered so that consecutive blocks take whole
+    physical cores where the kernel says which threads share one."""
+    return sorted(os.sched_getaffinity(0), key=_cpu_key)
+
+
+def topology() -> dict[str, Any]:
+    """What the host offers this process: its CPUs, their NUMA nodes and which CPUs share a
+    physical core (recorded with every call, pinned or not)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    nodes = {}
+    for node in sorted(SYS_NODE.glob("node[0-9]*")):
+        cpulist = _read(node / "cpulist")
+        if cpulist is not None:
+            nodes[node.name] = cpulist
+    siblings = sorted({s for cpu in cpus
+                       if (s := _read(SYS_CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list")) is not None})
+    return {"cpus": cpus, "cpu_count": os.cpu_count(), "numa_nodes": nodes, "thread_siblings": siblings}
+
+
+def assign(cpus: Sequence[int], servers: Sequence[str], per_server: int) -> dict[str, Any]:
+    """Blocks of ``per_server`` consecutive CPUs of ``cpus``, one per server in order; the
+    client gets the rest, at least one. ``ValueError`` where they do not fit."""
+    if per_server < 1:
+        raise ValueError(f"--cpus-per-server must be at least 1, not {per_server}")
+    needed = per_server * len(servers)
+    if needed >= len(cpus):
+        raise ValueError(f"{len(servers)} servers x {per_server} CPUs need {needed} CPUs plus at least one for "
+                         f"the client, but this process may run on {len(cpus)} ({list(cpus)}): lower "
+                         "--cpus-per-server or run fewer systems")
+    blocks = {name: list(cpus[i * per_server:(i + 1) * per_server]) for i, name in enumerate(servers)}
+    return {"cpus_per_server": per_server, "servers": blocks, "client": list(cpus[needed:])}
