@@ -15,6 +15,10 @@ process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
   a streamed request refused that way no longer breaks its connection for the next request on it
   (:func:`abort_task_around`), and a request refused before its adapters' use was counted no
   longer logs a failed release (:func:`release_lora_around`);
+* HTTP server, profiling: a ``/start_profile`` request the scheduler would stop on (an activity
+  this server cannot record, a trace folder it cannot create) or record nothing for (an unknown
+  activity) is a 400 (:mod:`sglang_vlora.profile_check`), and the scheduler's own refusals (no
+  profile to stop) are 400s, not 500s with a traceback;
 * HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
   before the image is decoded (Pillow's decompression-bomb error was a 500);
 * scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction, tensors
@@ -32,10 +36,12 @@ import logging
 import os
 import re
 import secrets
+from http import HTTPStatus
 
+from fastapi import HTTPException
 from starlette.background import BackgroundTasks
 
-from sglang_vlora import request_check
+from sglang_vlora import profile_check, request_check
 from sglang_vlora.adapters import AdapterError, ModelShapes, check_lora, check_package
 from sglang_vlora.heads.head_requests import check_head_request
 from sglang_vlora.http_api import ANY_KEY_ROUTES
@@ -180,6 +186,30 @@ def contract_error_around(rt: VLoRARuntime, original, body):
         if original({key: value}) is not None:
             return f"{key}: {error}"
     return error
+
+
+async def start_profile_around(rt: VLoRARuntime, original, self, req=None):
+    """AROUND ``TokenizerManager.start_profile`` (``/start_profile``): a request the scheduler
+    would stop on, or record nothing for, is a 400 (:mod:`sglang_vlora.profile_check`)."""
+    if req is None:
+        from sglang.srt.managers.io_struct import ProfileReq
+
+        req = ProfileReq()
+    try:
+        profile_check.check_profile_request(req, profile_check.runnable_activities())
+    except profile_check.ProfileRequestError as e:
+        raise HTTPException(status_code=HTTPStatus.BAD_REQUEST, detail=f"profile not started: {e}") from None
+    return await original(self, req)
+
+
+async def profile_result_around(rt: VLoRARuntime, original, self, req):
+    """AROUND ``TokenizerManager._execute_profile``: the scheduler's refusal (no profile to stop,
+    a profiler that did not start) raised ``RuntimeError``, a 500 with a traceback in the log: a
+    400 with the scheduler's message."""
+    try:
+        return await original(self, req)
+    except RuntimeError as e:
+        raise HTTPException(status_code=HTTPStatus.BAD_REQUEST, detail=str(e)) from None
 
 
 def load_image_around(rt: VLoRARuntime, original, *args, **kwargs):

@@ -160,6 +160,23 @@ _GUARD_HOOKS = [
         ("self", "state"),
     ),
     Hook(
+        f"{TOKENIZER_MANAGER}.start_profile",
+        HookType.AROUND,
+        guard_hooks.start_profile_around,
+        "/start_profile handed its fields to the scheduler unchecked: activities RPD (without AMD's "
+        "tracer), GPU, MEM or CUDA_PROFILER on a server without CUDA, and a trace folder that cannot be "
+        "created stopped the server; an unknown activity recorded nothing: all 400s",
+        ("self", "req"),
+    ),
+    Hook(
+        f"{TOKENIZER_MANAGER}._execute_profile",
+        HookType.AROUND,
+        guard_hooks.profile_result_around,
+        "the scheduler's refusal of a profile request (none to stop) was a 500 with a traceback: a 400 "
+        "with its message",
+        ("self", "req"),
+    ),
+    Hook(
         "sglang.srt.entrypoints.api_contract.generate_contract_error",
         HookType.AROUND,
         guard_hooks.contract_error_around,
@@ -381,6 +398,12 @@ _REGISTRATIONS = [
                "never had its adapters' use counted", "guard_hooks.release_lora_around", attrs=("lora_id",)),
     TouchPoint("read", "sglang.srt.managers.tokenizer_manager.ReqState", "the request a state is of",
                "guard_hooks.release_lora_around", attrs=("obj",)),
+    TouchPoint("read", "sglang.srt.managers.io_struct.ProfileReq", "the profile request's fields the check "
+               "reads, and the activities it sets for a request naming none", "guard_hooks.start_profile_around",
+               attrs=("activities", "num_steps", "start_step", "output_dir")),
+    TouchPoint("read", f"{TOKENIZER_MANAGER}._execute_profile", "a refused profile request raises RuntimeError "
+               "with the scheduler's message", "guard_hooks.profile_result_around",
+               source_has=("result.success", "RuntimeError(result.message)")),
     TouchPoint("read", "sglang.srt.managers.io_struct.SessionParams", "a request's session_params must name "
                "its fields (an unknown one was a 500)", "guard_hooks.normalize_request_around",
                attrs=("__struct_fields__",)),
