@@ -10,10 +10,10 @@ the scheduler, and with it the whole server, on the first request or at ``/stop_
   trace is written.
 
 An unknown activity was dropped silently: the profile recorded nothing, and ``/stop_profile``
-then answered 500; a request naming no activity got SGLang's default, CPU and GPU, which stopped
-a CPU server. :func:`check_profile_request` refuses the rest before the request reaches the
+then answered 500. :func:`check_profile_request` refuses these before the request reaches the
 scheduler, with the reason (a 400 through :mod:`sglang_vlora.guard_hooks`), and gives a request
-naming no activity the default this server can record.
+naming no activity the part of SGLang's default this server can record (what SGLang's profiler
+itself kept of it: CPU alone on a CPU server).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def runnable_activities() -> frozenset[str]:
 def activities_to_record(activities: Any, runnable: Iterable[str]) -> list[str]:
     """The activities to record: ``activities`` where it is a non-empty list of known names
     this server can record; for None, SGLang's default (CPU and GPU) less what this server
-    cannot record (a CPU server records CPU alone, where SGLang's default stopped it)."""
+    cannot record (a CPU server records CPU alone)."""
     runnable = frozenset(runnable)
     if activities is None:
         return [a for a in DEFAULT_ACTIVITIES if a in runnable]
