@@ -9,7 +9,9 @@ carries two Tekken tokenizer files of 2.6 MB each (``mistral_common/data/tekken_
 only to load those Mistral tokenizers, which no benchmark model uses. zstandard's wheel holds two
 backends of 11-12 MB each: ``import zstandard`` loads the C one (``backend_c``) and reads the cffi
 one (``_cffi``, ``backend_cffi.py``) only when ``PYTHON_ZSTANDARD_IMPORT_POLICY`` asks for it,
-which nothing here sets. This rewrites such wheels
+which nothing here sets. torch_memory_saver's wheel holds six builds of its two hook libraries
+(2.6 MB): one for each of CUDA 12 and 13 (``_cu12``, ``_cu13``) and an unsuffixed one that it
+picks only on ROCm; none is loaded unless ``--enable-memory-saver`` is set. This rewrites such wheels
 without those folders (and without their ``RECORD`` lines), in place::
 
     python bench/slim_carry.py .sgc/whl
@@ -29,6 +31,8 @@ UNUSED = {
     "pycountry-": ("pycountry/locales/", "pycountry/tests/"),
     "mistral_common-": ("mistral_common/data/tekken_",),
     "zstandard-": ("zstandard/_cffi.", "zstandard/backend_cffi.py"),
+    "torch_memory_saver-": ("torch_memory_saver_hook_mode_preload.abi3.so",
+                            "torch_memory_saver_hook_mode_torch.abi3.so"),
 }
 
 

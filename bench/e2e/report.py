@@ -777,6 +777,17 @@ def selected_revisions(selection: dict[str, Any]) -> str:
     return " or ".join(rev[:10] for rev in selection["package_as"])
 
 
+def _rounded(value: Any, places: int = 4) -> Any:
+    """``value`` with every float in it rounded to ``places`` decimals."""
+    if isinstance(value, float):
+        return round(value, places)
+    if isinstance(value, dict):
+        return {k: _rounded(v, places) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, places) for v in value]
+    return value
+
+
 def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
            selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """One results file for the docs: every run, the files they came from, and their
@@ -785,8 +796,9 @@ def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
     request-by-request lists (``per_request``, the paired comparison's input), SGLang's client's
     own result and command line per measurement, and the GPU machine's stand-in kernel calls
     (``shim_calls``). Kept, this file would be most of the repository's size, and the tree must
-    travel to the GPU machine in 64 MiB with SGLang's carry. ``selection`` (from
-    :func:`same_package`) records which calls were kept, and why."""
+    travel to the GPU machine in 64 MiB with SGLang's carry; for the same reason every float is
+    kept to 4 decimals (the docs print at most 2). ``selection`` (from :func:`same_package`)
+    records which calls were kept, and why."""
     dropped = ("vlora_status", "per_request", "sglang_result", "client_command")
     slim = [{**{k: v for k, v in r.items() if k not in ("_file", "shim_calls")},
              "measurements": [{k: v for k, v in m.items() if k not in dropped} for m in r["measurements"]]}
@@ -795,7 +807,7 @@ def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
         "schema": MERGED_SCHEMA,
         "provenance": provenance.combined([provenance.record(r, r["date"]) for r in runs]),
         "sources": list(sources),
-        "runs": slim,
+        "runs": _rounded(slim),
     }
     if selection is not None:
         out["selection"] = selection

@@ -269,6 +269,9 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
                                    "vlora_status": {}}
     slim = report.merged(runs, ["bench/results/e2e/one.json"])["runs"][0]
     assert "shim_calls" not in slim and set(slim["measurements"][0]) == set(runs[0]["measurements"][1])
+    runs[0]["measurements"][0]["metrics"]["e2e_ms"]["mean"] = 812.3456789
+    slim = report.merged(runs, ["bench/results/e2e/one.json"])["runs"][0]
+    assert slim["measurements"][0]["metrics"]["e2e_ms"]["mean"] == 812.3457  # 4 decimals: the file stays small
     text = "intro\n<!-- e2e-headline:begin -->\nno results yet\n<!-- e2e-headline:end -->\nafter\n"
     first = report.put_headline(text, figures_e2e.block_text(combined))
     assert first.startswith("intro\n<!-- figures:e2e-headline -->\n") and first.endswith("-->\nafter\n")

@@ -74,3 +74,15 @@ def test_a_folder_that_is_not_there_or_a_corrupt_wheel_is_refused(tmp_path, caps
     with pytest.raises(SystemExit):
         slim_carry.main([str(tmp_path)])
     assert "not a readable wheel" in capsys.readouterr().err
+
+
+def test_torch_memory_saver_keeps_its_cuda_builds_and_loses_the_rocm_ones(tmp_path):
+    wheel = tmp_path / "torch_memory_saver-1.0-cp39-abi3-manylinux2014_x86_64.whl"
+    builds = [f"torch_memory_saver_hook_mode_{mode}{cuda}.abi3.so"
+              for mode in ("preload", "torch") for cuda in ("", "_cu12", "_cu13")]
+    _wheel(wheel, {"torch_memory_saver/__init__.py": "", **{name: "s" * 5000 for name in builds}},
+           dist="torch_memory_saver-1.0")
+    assert slim_carry.main([str(tmp_path)]) == 0
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {n for n in builds if "_cu1" in n} <= names and "torch_memory_saver/__init__.py" in names
+    assert not names & {"torch_memory_saver_hook_mode_preload.abi3.so", "torch_memory_saver_hook_mode_torch.abi3.so"}
