@@ -65,7 +65,7 @@ test-gpu: install
 # flags (an install without FlashInfer needs --attention-backend triton --sampling-backend pytorch).
 GPU_TEST_SERVER_FLAGS ?= --max-total-tokens 16384
 GPU_SERVER_TESTS = tests/reliability/test_bad_input.py tests/reliability/test_field_types.py \
-	tests/server/test_heads.py
+	tests/server/test_heads.py tests/reliability/test_profile_requests.py
 test-gpu-server: install
 	VLORA_TEST_SERVER_FLAGS="$(GPU_TEST_SERVER_FLAGS)" TRITON_INTERPRET=0 $(PY) -m pytest -q $(GPU_SERVER_TESTS)
 

@@ -57,7 +57,7 @@ for line in "$@"; do
       export PYTHONPATH=$PWD:$EP${PYTHONPATH:+:$PYTHONPATH}
       timeout -k 20 "${TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider \
         tests/reliability/test_bad_input.py tests/reliability/test_field_types.py \
-        tests/server/test_heads.py "${words[@]:1}" \
+        tests/server/test_heads.py tests/reliability/test_profile_requests.py "${words[@]:1}" \
         > "$OUT/tests_server.log" 2>&1 ) &
   else
     ( export CUDA_VISIBLE_DEVICES=$i OUT=$PARTS/call$i TAG=e2e_${words[0]}_${STAMP}_gpu$i
