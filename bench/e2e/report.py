@@ -196,8 +196,10 @@ def provenance_line(runs: Sequence[dict[str, Any]]) -> str:
     v = runs[0]["versions"]
     dirty = any("DIRTY" in x or "unknown" in x for x in revs)
     warn = " **WARNING: not from a clean, known revision.**" if dirty else ""
+    pinned = sum(1 for r in runs if r.get("setup", {}).get("cpu_pinning"))
+    pins = f" {pinned} of them with each server on CPUs of its own (`--cpus-per-server`)." if pinned else ""
     return (f"{', '.join(devices)}; {dates[0][:16]} to {dates[-1][:16]} UTC; code {', '.join(revs)}; SGLang "
-            f"{v.get('sglang')}, torch {v.get('torch')}, Triton {v.get('triton')}; {len(runs)} call(s).{warn}")
+            f"{v.get('sglang')}, torch {v.get('torch')}, Triton {v.get('triton')}; {len(runs)} call(s).{pins}{warn}")
 
 
 def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[str, Any]]) -> list[str]:
@@ -777,14 +779,14 @@ def selected_revisions(selection: dict[str, Any]) -> str:
     return " or ".join(rev[:10] for rev in selection["package_as"])
 
 
-def _rounded(value: Any, places: int = 4) -> Any:
+def rounded(value: Any, places: int = 4) -> Any:
     """``value`` with every float in it rounded to ``places`` decimals."""
     if isinstance(value, float):
         return round(value, places)
     if isinstance(value, dict):
-        return {k: _rounded(v, places) for k, v in value.items()}
+        return {k: rounded(v, places) for k, v in value.items()}
     if isinstance(value, list):
-        return [_rounded(v, places) for v in value]
+        return [rounded(v, places) for v in value]
     return value
 
 
@@ -807,7 +809,7 @@ def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
         "schema": MERGED_SCHEMA,
         "provenance": provenance.combined([provenance.record(r, r["date"]) for r in runs]),
         "sources": list(sources),
-        "runs": _rounded(slim),
+        "runs": rounded(slim),
     }
     if selection is not None:
         out["selection"] = selection
