@@ -17,8 +17,9 @@ process's :class:`~sglang_vlora.runtime.VLoRARuntime` first.
   longer logs a failed release (:func:`release_lora_around`);
 * HTTP server, profiling: a ``/start_profile`` request the scheduler would stop on (an activity
   this server cannot record, a trace folder it cannot create) or record nothing for (an unknown
-  activity) is a 400 (:mod:`sglang_vlora.profile_check`), and the scheduler's own refusals (no
-  profile to stop) are 400s, not 500s with a traceback;
+  activity) is a 400 (:mod:`sglang_vlora.profile_check`), and the scheduler's failed answers
+  are no longer 500s with a traceback: no profile to stop is a 400, a profiler that failed a 500
+  with its message;
 * HTTP server, per image: at most ``--vlora-max-image-pixels`` pixels, checked from the header
   before the image is decoded (Pillow's decompression-bomb error was a 500);
 * scheduler, per adapter load (start-up, ``/load_lora_adapter``, reload after eviction, tensors
@@ -203,13 +204,18 @@ async def start_profile_around(rt: VLoRARuntime, original, self, req=None):
 
 
 async def profile_result_around(rt: VLoRARuntime, original, self, req):
-    """AROUND ``TokenizerManager._execute_profile``: the scheduler's refusal (no profile to stop,
-    a profiler that did not start) raised ``RuntimeError``, a 500 with a traceback in the log: a
-    400 with the scheduler's message."""
+    """AROUND ``TokenizerManager._execute_profile``: the scheduler's failed answer raised
+    ``RuntimeError``, a 500 with a traceback in the log. Now the scheduler's message with a status
+    that says whose fault it was (:func:`profile_check.failed_answer_status`): 400 for a stop with
+    no profile running, 409 for a start while one runs, 500 for a profiler that failed."""
     try:
         return await original(self, req)
     except RuntimeError as e:
-        raise HTTPException(status_code=HTTPStatus.BAD_REQUEST, detail=str(e)) from None
+        message = str(e)
+        status = profile_check.failed_answer_status(message)
+        if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+            message = f"the profiler failed: {message}"
+        raise HTTPException(status_code=status, detail=message) from None
 
 
 def load_image_around(rt: VLoRARuntime, original, *args, **kwargs):

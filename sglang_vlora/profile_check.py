@@ -31,6 +31,21 @@ DEFAULT_ACTIVITIES = ("CPU", "GPU")  # SGLang's when a request names none
 PROFILER_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
 
 
+# The scheduler's answers that are about the profile's state, i.e. the client's order of calls
+# (scheduler_components/profiler_manager.py); every other failed answer is the server's fault.
+STATE_ANSWERS = {
+    "Profiling is not in progress": 400,
+    "Profiling is already in progress": 409,
+}
+
+
+def failed_answer_status(message: str) -> int:
+    """The HTTP status for the scheduler's failed answer to a profile request: 400 for a stop
+    with no profile running, 409 for a start while one runs, 500 for anything else (the torch
+    profiler failing to start, a trace that could not be written): those are not the client's."""
+    return next((status for prefix, status in STATE_ANSWERS.items() if message.startswith(prefix)), 500)
+
+
 class ProfileRequestError(ValueError):
     """A profile request this server cannot run; the message says which field and why."""
 

@@ -80,3 +80,43 @@ def test_a_checked_request_gets_the_activities_it_records(tmp_path):
     with pytest.raises(pc.ProfileRequestError):
         pc.check_profile_request(bad, CPU_ONLY)
     assert bad.activities == ["GPU"]  # a refused request is left as it came
+
+
+@pytest.mark.parametrize("message, status", [
+    ("Profiling is not in progress. Call /start_profile first.", 400),
+    ("Profiling is already in progress. Call /stop_profile first.", 409),
+    ("Can't disable Kineto profiler when it's not running", 500),
+    ("", 500),
+])
+def test_the_status_of_the_schedulers_failed_answer(message, status):
+    assert pc.failed_answer_status(message) == status
+
+
+@pytest.mark.parametrize("message, status, detail", [
+    ("Profiling is not in progress. Call /start_profile first.", 400, "Profiling is not in progress"),
+    ("Profiler start failed", 500, "the profiler failed: Profiler start failed"),
+])
+def test_the_hook_answers_a_failed_profile_with_its_status_and_message(message, status, detail):
+    import asyncio
+
+    from fastapi import HTTPException
+
+    from sglang_vlora import guard_hooks
+
+    async def scheduler_answer(manager, req):
+        raise RuntimeError(message)
+
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(guard_hooks.profile_result_around(None, scheduler_answer, object(), object()))
+    assert refused.value.status_code == status and refused.value.detail.startswith(detail)
+
+
+def test_the_hook_passes_a_successful_answer_through():
+    import asyncio
+
+    from sglang_vlora import guard_hooks
+
+    async def scheduler_answer(manager, req):
+        return "Succeeded"
+
+    assert asyncio.run(guard_hooks.profile_result_around(None, scheduler_answer, object(), object())) == "Succeeded"
