@@ -61,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     budget = args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S[call.scale]
     extra = plan.server_args(call, args.server_args)
     try:
-        pinning = (cpu_pinning.assign(cpu_pinning.ordered_cpus(), call.systems, args.cpus_per_server)
+        started = plan.startable(call.systems, provenance.gpu_info() is not None, args.force)
+        pinning = (cpu_pinning.assign(cpu_pinning.ordered_cpus(), started, args.cpus_per_server)
                    if args.cpus_per_server else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None

@@ -107,6 +107,12 @@ NO_CUDA_REASON = (
 )
 
 
+def startable(systems: Sequence[str], has_gpu: bool, force: bool = False) -> list[str]:
+    """The systems of a call whose servers are started: one that needs CUDA only where there is
+    a GPU (or with ``--force``); the others are recorded as skipped (:data:`NO_CUDA_REASON`)."""
+    return [name for name in systems if has_gpu or force or not SYSTEMS[name].needs_cuda]
+
+
 @dataclass(frozen=True)
 class Point:
     """One workload at one load. ``client``: ``sglang`` (SGLang's own serving benchmark,

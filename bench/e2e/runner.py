@@ -237,14 +237,12 @@ def start_servers(report: dict[str, Any], call: Call, model: Path, adapters: dic
     """Every runnable system's server, started side by side; those that came up. ``pinning``
     (:func:`cpu_pinning.assign`) gives each server its CPUs."""
     setup = plan.setup_of(call.scale)
-    runnable = []
+    startable = plan.startable(call.systems, report["gpu"] is not None, force)
+    runnable = [plan.SYSTEMS[name] for name in startable]
     for name in call.systems:
-        system = plan.SYSTEMS[name]
-        if system.needs_cuda and report["gpu"] is None and not force:
+        if name not in startable:
             report["systems"][name].update(status="skipped", reason=plan.NO_CUDA_REASON)
             print(f"[e2e] {name}: skipped (needs a CUDA GPU)", flush=True)
-        else:
-            runnable.append(system)
     report["setup"]["memory"] = servers.check_memory(setup, model, len(runnable), report["gpu"], extra)
     print(f"[e2e] starting {len(runnable)} servers side by side: {', '.join(s.name for s in runnable)}", flush=True)
     live = servers.start_all(runnable, setup, model, adapters, log_dir, extra,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench import run_e2e
+from bench import provenance, run_e2e
 from bench.e2e import cpu_pinning
 from sglang_vlora import server_process
 
@@ -84,3 +84,17 @@ def test_a_pinned_call_records_its_cpus_and_gives_the_harness_its_own_back(tmp_p
                                                           "client": rest}
     assert result["setup"]["host_cpus"]["cpus"] == OWN_CPUS
     assert result["systems"]["vlora"]["status"] == "failed"  # the flag: the call still ends and is recorded
+
+
+@pytest.mark.skipif(provenance.gpu_info() is not None, reason="on a GPU machine the plain SGLang systems start")
+@pytest.mark.skipif(len(OWN_CPUS) < 2, reason="pinning one server needs a second CPU for the client")
+def test_systems_skipped_for_lacking_cuda_get_no_cpus(tmp_path):
+    # nolora needs CUDA: on this machine it is skipped, so the one CPU it would take is the client's
+    out = tmp_path / "results"
+    result = run_e2e.main(["run", "--call", "cpu-smoke", "--systems", "nolora", "vlora", "--points", "vision-skewed",
+                           "--repeats", "1", "--out", str(out), "--tag", "pinned", "--log-dir", str(tmp_path / "logs"),
+                           "--cpus-per-server", str(len(OWN_CPUS) - 1), "--server-args", "--no-such-sglang-flag"])
+    *first, last = cpu_pinning.ordered_cpus()
+    assert result["setup"]["cpu_pinning"]["servers"] == {"vlora": first}
+    assert result["setup"]["cpu_pinning"]["client"] == [last]
+    assert result["systems"]["nolora"]["status"] == "skipped"

@@ -332,3 +332,11 @@ def test_the_speed_issues_two_workloads_run_atmm_alone_in_rounds_taking_turns_be
         assert plan.scaled(plan.points_of("gpu")[point], call.scale_requests).requests == 100 and call.repeats == 5
         firsts = [m.system for m in plan.order(call, list(call.systems))[::4]]
         assert set(firsts) == set(call.systems), name  # each system goes first in some round
+
+
+def test_the_provenance_line_counts_the_calls_with_pinned_servers():
+    unpinned = _run("one", [])
+    pinned = _run("two", []) | {"setup": {"cpu_pinning": {"cpus_per_server": 3, "servers": {}, "client": [0]}}}
+    assert "pinned" not in report.provenance_line([unpinned]) and "CPUs of its own" not in report.provenance_line([unpinned])
+    line = report.provenance_line([unpinned, pinned, _run("three", []) | {"setup": {"cpu_pinning": None}}])
+    assert "3 call(s). 1 of them with each server on CPUs of its own (`--cpus-per-server`)." in line
