@@ -451,6 +451,12 @@ def popularity_table(runs: Sequence[dict[str, Any]], system: str = "vlora", peer
 UNQUEUED_QUANTILE = 0.1  # the TTFT quantile taken as a request's latency without a queue ahead of it
 
 
+def unqueued_ttft(measurement: dict[str, Any]) -> float | None:
+    """The measurement's TTFT at :data:`UNQUEUED_QUANTILE` (None under 10 requests with a TTFT)."""
+    ttfts = sorted(t for t in (measurement.get("per_request") or {}).get("ttft_ms", []) if t is not None)
+    return ttfts[int(UNQUEUED_QUANTILE * len(ttfts))] if len(ttfts) >= 10 else None
+
+
 def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per repeat, the 10th percentile of the requests' TTFT: at these loads the fastest tenth
     of the requests found no queue ahead of them, so it is one prefill's latency as served
@@ -463,9 +469,8 @@ def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         ok = [m for m in run["measurements"] if m.get("status") == "ok" and m.get("per_request")]
         low = {}
         for m in ok:
-            ttfts = sorted(t for t in m["per_request"]["ttft_ms"] if t is not None)
-            if len(ttfts) >= 10:
-                low[m["point"], m["system"], m["repeat"]] = ttfts[int(UNQUEUED_QUANTILE * len(ttfts))]
+            if (value := unqueued_ttft(m)) is not None:
+                low[m["point"], m["system"], m["repeat"]] = value
         for (point, system, repeat), value in low.items():
             floor = low.get((point, plan.FLOOR, repeat))
             values[point, system].append((value, None if floor is None or system == plan.FLOOR else value - floor))
@@ -477,6 +482,36 @@ def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(f"| {point} | {system} | {_cell(_spread([v for v, _ in vals]), 1)} | "
                      f"{_cell(_spread(costs), 1)} |")
     return lines
+
+
+def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per measurement, the unqueued prefill next to what the server's processes did on the
+    host (``host``: :mod:`bench.e2e.host_time`) and the GPU's clocks (``gpu_clocks``): a slow
+    round's server either got less CPU (involuntary switches, busy or stolen CPUs), needed
+    more CPU time for the same requests, or ran on a GPU at lower clocks."""
+    lines = []
+    for run in runs:
+        for m in run["measurements"]:
+            host = m.get("host")
+            if m.get("status") != "ok" or not host:
+                continue
+            wall = host["wall_s"] or None
+            switches = f"{host['involuntary_switches'] / wall:.0f}" if wall else "-"
+            clocks = m.get("gpu_clocks") or {}
+            sm = clocks.get("clocks.sm")
+            sm_text = f"{sm['mean']:.0f} ({sm['min']:.0f})" if sm else "-"
+            reasons = next((clocks[k] for k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+                            if k in clocks), None)
+            lines.append(f"| {Path(run['_file']).stem} | {m['point']} | {m['repeat']} | {m['system']} | "
+                         f"{_f(unqueued_ttft(m), 1)} | {host['cpu_s']} | {_f(host['cpu_per_wall_s'], 2)} | "
+                         f"{switches} | {_f(host['cpus_busy_share'], 2)} | {_f(host['cpus_steal_share'], 3)} | "
+                         f"{sm_text} | "
+                         f"{_counts(reasons) if reasons else '-'} |")
+    if not lines:
+        return []
+    return ["| call | point | round | system | TTFT p10 ms | server CPU s | CPU s a second | involuntary "
+            "switches a second | its CPUs busy | stolen | GPU SM MHz mean (min) | clock-event reasons (samples) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 # A round whose inter-token latency has its 90th percentile above this many times its median had
@@ -576,6 +611,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
+                         ("Each server on the host, and the GPU's clocks, by measurement", host_table),
                          ("The most requested adapter's requests and the others' (our client)", adapter_table),
                          ("Not measured", problems)):
         section = table(runs)

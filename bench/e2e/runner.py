@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.e2e import cpu_pinning, measure, plan, servers
+from bench.e2e import cpu_pinning, gpu_clocks, host_time, measure, plan, servers
 from bench.e2e.plan import Call, Measurement, Point
 from bench.e2e.sglang_client import Worker
 from bench.workloads import Request
@@ -138,17 +138,24 @@ def warm_up_all(report: dict[str, Any], call: Call, live: dict[str, ServerProces
 
 
 def measure_one(server: ServerProcess, system: plan.System, point: Point, names: Sequence[str], seed: int,
-                clients: Clients) -> dict[str, Any]:
+                clients: Clients, cpus: Sequence[int] | None = None) -> dict[str, Any]:
+    """One measurement; besides the client's figures, what the server's processes did on the
+    host (:mod:`host_time`, over ``cpus``, the server's own when pinned) and the GPU's clocks
+    (:mod:`gpu_clocks`) while it ran."""
     servers.flush_cache(server)  # no measurement reuses another's prefix KV
     before = servers.vlora_status(server) if system.plugin else None
     started_unix = time.time()
     t0 = time.monotonic()
-    if point.client == "sglang":
-        result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
-    else:
-        labelled = clients.requests(point, names, seed, True)  # the floor's requests split like the others'
-        sent = labelled if system.lora else clients.requests(point, names, seed, False)
-        result = measure.run_own(server, sent, [r.adapter for r in labelled])
+    host_before = host_time.take(server.process.pid, t0)
+    with gpu_clocks.GpuClocks() as clocks:
+        if point.client == "sglang":
+            result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
+        else:
+            labelled = clients.requests(point, names, seed, True)  # the floor's requests split like the others'
+            sent = labelled if system.lora else clients.requests(point, names, seed, False)
+            result = measure.run_own(server, sent, [r.adapter for r in labelled])
+    result["host"] = host_time.between(host_before, host_time.take(server.process.pid, time.monotonic()), cpus)
+    result["gpu_clocks"] = clocks.summary()
     result["seconds"] = round(time.monotonic() - t0, 1)
     if system.plugin:
         after = servers.vlora_status(server)
@@ -209,7 +216,8 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
         entry["started_at_unix"] = round(time.time(), 3)  # to read the servers' logs and stall times against
         entry["trace_seed"] = plan.trace_seed(seed, m.repeat)
         try:
-            entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients))
+            cpus = ((report["setup"].get("cpu_pinning") or {}).get("servers") or {}).get(m.system)
+            entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients, cpus))
         except Exception as e:  # a client failure is this measurement's, not the call's
             entry.update(status="failed", reason=f"{type(e).__name__}: {e}"[:2000])
         print(_line(m, entry), flush=True)

@@ -340,3 +340,20 @@ def test_the_provenance_line_counts_the_calls_with_pinned_servers():
     assert "pinned" not in report.provenance_line([unpinned]) and "CPUs of its own" not in report.provenance_line([unpinned])
     line = report.provenance_line([unpinned, pinned, _run("three", []) | {"setup": {"cpu_pinning": None}}])
     assert "3 call(s). 1 of them with each server on CPUs of its own (`--cpus-per-server`)." in line
+
+
+def test_the_host_table_puts_each_measurements_server_and_gpu_beside_its_unqueued_prefill():
+    host = {"wall_s": 20.0, "processes": 4, "cpu_s": 31.5, "cpu_per_wall_s": 1.575, "voluntary_switches": 9000,
+            "involuntary_switches": 400, "cpus": [3, 4, 5], "cpus_busy_share": 0.52, "cpus_steal_share": 0.013}
+    clocks = {"samples": 40, "clocks.sm": {"mean": 1905.4, "min": 1755.0, "max": 1980.0},
+              "clocks_event_reasons.active": {"0x0000000000000000": 39, "0x0000000000000004": 1}}
+    slow = _measurement("csgmv", "sgl-mixed", 1, 1300) | {"host": host, "gpu_clocks": clocks,
+                                                          "per_request": {"ttft_ms": [80.0 + i for i in range(20)]}}
+    old = _measurement("nolora", "sgl-mixed", 1, 1000)  # a call from before these figures
+    assert report.host_table([_run("old", [old])]) == []
+    lines = report.host_table([_run("one", [old, slow])])
+    assert len(lines) == 3
+    assert lines[2] == ("| one | sgl-mixed | 1 | csgmv | 82.0 | 31.5 | 1.57 | 20 | 0.52 | 0.013 | 1905 (1755) | "
+                        "0x0000000000000000 39, 0x0000000000000004 1 |")
+    no_gpu = slow | {"gpu_clocks": None}
+    assert report.host_table([_run("cpu", [no_gpu])])[2].endswith("| - | - |")

@@ -48,6 +48,9 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         assert met["completed"] == met["requests"] > 0 and met["errors"] == 0, m
         assert 0 < met["ttft_ms"]["mean"] <= met["e2e_ms"]["mean"] <= met["e2e_ms"]["p99"]
         assert m["orchestrator"]["iterations"], m  # /vlora/status answered and moved
+        # the server's processes (HTTP, scheduler, detokenizer) worked on the host; no GPU here
+        assert m["host"]["processes"] >= 3 and m["host"]["cpu_s"] > 0 and m["host"]["cpus"] == "all", m["host"]
+        assert m["gpu_clocks"] is None
         # every iteration ours timed during the measurement, in a file beside the server logs
         timeline = json.loads((tmp_path / "logs" / m["timeline"]["file"]).read_text())
         assert m["timeline"]["iterations"] == len(timeline["iterations"]) > 0 and m["timeline"]["complete"]
