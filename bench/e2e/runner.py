@@ -216,7 +216,7 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
         entry["started_at_unix"] = round(time.time(), 3)  # to read the servers' logs and stall times against
         entry["trace_seed"] = plan.trace_seed(seed, m.repeat)
         try:
-            cpus = ((report["setup"].get("cpu_pinning") or {}).get("servers") or {}).get(m.system)
+            cpus = ((report.get("setup", {}).get("cpu_pinning") or {}).get("servers") or {}).get(m.system)
             entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients, cpus))
         except Exception as e:  # a client failure is this measurement's, not the call's
             entry.update(status="failed", reason=f"{type(e).__name__}: {e}"[:2000])

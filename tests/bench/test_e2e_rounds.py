@@ -37,7 +37,7 @@ def measured(monkeypatch, clock):
     """The (system, seed) of each measurement made, in order."""
     done = []
 
-    def measure_one(server, system, point, names, seed, clients):
+    def measure_one(server, system, point, names, seed, clients, cpus=None):
         done.append((system.name, seed))
         clock.now += runner._expected_s(point)
         return {"metrics": {}}

@@ -4,6 +4,8 @@ real CPU test server, and the runner calling it before each measurement."""
 from __future__ import annotations
 
 import dataclasses
+import os
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -52,5 +54,7 @@ def test_every_measurement_flushes_first(monkeypatch, tmp_path):
     point = plan.CPU_POINTS["vision-skewed"]
     clients = runner.Clients(tmp_path)
     monkeypatch.setattr(clients, "requests", lambda *a: [])
-    runner.measure_one(object(), plan.SYSTEMS["vlora"], point, ["a"], 0, clients)
+    server = SimpleNamespace(process=SimpleNamespace(pid=os.getpid()))  # its host time: this process's
+    result = runner.measure_one(server, plan.SYSTEMS["vlora"], point, ["a"], 0, clients)
     assert calls == ["flush", "status", "requests", "status", "timeline"]
+    assert result["host"]["processes"] >= 1
