@@ -830,14 +830,15 @@ def merged(runs: Sequence[dict[str, Any]], sources: Sequence[str],
            selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """One results file for the docs: every run, the files they came from, and their
     ``provenance`` (:func:`bench.provenance.combined`). Left out, because the source files
-    keep them and the docs' figures use none of them: the raw ``/vlora/status`` snapshots, the
-    request-by-request lists (``per_request``, the paired comparison's input), SGLang's client's
-    own result and command line per measurement, and the GPU machine's stand-in kernel calls
-    (``shim_calls``). Kept, this file would be most of the repository's size, and the tree must
+    keep them and the docs' figures use none of them: the raw ``/vlora/status`` snapshots and
+    their summary (``orchestrator``), the request-by-request lists (``per_request``, the paired
+    comparison's input) and the split by adapter (``per_adapter``), SGLang's client's own result
+    and command line per measurement, and the GPU machine's stand-in kernel calls
+    (``shim_calls``). The markdown report reads all of them from the source files. Kept, this file would be most of the repository's size, and the tree must
     travel to the GPU machine in 64 MiB with SGLang's carry; for the same reason every float is
     kept to 4 decimals (the docs print at most 2). ``selection`` (from :func:`same_package`)
     records which calls were kept, and why."""
-    dropped = ("vlora_status", "per_request", "sglang_result", "client_command")
+    dropped = ("vlora_status", "orchestrator", "per_request", "per_adapter", "sglang_result", "client_command")
     slim = [{**{k: v for k, v in r.items() if k not in ("_file", "shim_calls")},
              "measurements": [{k: v for k, v in m.items() if k not in dropped} for m in r["measurements"]]}
             for r in runs]

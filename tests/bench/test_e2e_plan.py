@@ -266,7 +266,7 @@ def test_headline_goes_into_the_placeholder_then_its_figures_block():
     # what the figures do not read stays in the source files only
     runs[0]["shim_calls"] = {"rmsnorm": 3}
     runs[0]["measurements"][0] |= {"per_request": [1.0], "sglang_result": {"x": 1}, "client_command": "c",
-                                   "vlora_status": {}}
+                                   "vlora_status": {}, "orchestrator": {"iterations": {}}, "per_adapter": {}}
     slim = report.merged(runs, ["bench/results/e2e/one.json"])["runs"][0]
     assert "shim_calls" not in slim and set(slim["measurements"][0]) == set(runs[0]["measurements"][1])
     runs[0]["measurements"][0]["metrics"]["e2e_ms"]["mean"] = 812.3456789
