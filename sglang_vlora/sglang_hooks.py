@@ -172,8 +172,8 @@ _GUARD_HOOKS = [
         f"{TOKENIZER_MANAGER}._execute_profile",
         HookType.AROUND,
         guard_hooks.profile_result_around,
-        "the scheduler's refusal of a profile request (none to stop) was a 500 with a traceback: a 400 "
-        "with its message",
+        "the scheduler's failed answer to a profile request was a 500 with a traceback: its message, with "
+        "400 for none to stop, 409 for one already running, 500 for a profiler that failed",
         ("self", "req"),
     ),
     Hook(

@@ -24,10 +24,10 @@ INTERVAL_MS = 500
 
 
 def gpu_index() -> str:
-    """The GPU the call's servers see: the first of ``CUDA_VISIBLE_DEVICES`` (nvidia-smi itself
-    ignores that variable), else 0."""
+    """The GPU the call's servers see: the first of ``CUDA_VISIBLE_DEVICES``, an index or a GPU
+    UUID (nvidia-smi itself ignores that variable), else 0."""
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return first if first.isdigit() else "0"
+    return first if first.isdigit() or first.startswith("GPU-") else "0"
 
 
 @cache
@@ -36,8 +36,11 @@ def query_fields(command: str) -> tuple[str, ...]:
     first name it accepts (none if it accepts neither)."""
     for reasons in REASONS:
         fields = (*FIELDS, reasons)
-        done = subprocess.run([command, f"--query-gpu={','.join(fields)}", "--format=csv,noheader", "-i", gpu_index()],
-                              capture_output=True, text=True, timeout=30)
+        try:
+            done = subprocess.run([command, f"--query-gpu={','.join(fields)}", "--format=csv,noheader",
+                                   "-i", gpu_index()], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return FIELDS  # the sampler's own error is then what the measurement records
         if done.returncode == 0:
             return fields
     return FIELDS
@@ -56,10 +59,13 @@ class GpuClocks:
     def __enter__(self) -> GpuClocks:
         if self.command:
             self.fields = query_fields(self.command)
-            self.process = subprocess.Popen(
-                [self.command, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
-                 "-lms", str(INTERVAL_MS), "-i", gpu_index()],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                self.process = subprocess.Popen(
+                    [self.command, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
+                     "-lms", str(INTERVAL_MS), "-i", gpu_index()],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            except OSError as e:  # recorded; the measurement goes on without the clocks
+                self.error = f"nvidia-smi did not start: {e}"
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -104,6 +104,8 @@ def take(pid: int, monotonic_s: float) -> Sample:
 
 def _share(before: dict[str, list[int]], after: dict[str, list[int]], names: Sequence[str],
            fields: Sequence[int]) -> float | None:
+    if any(name not in before or name not in after for name in names):
+        return None  # a CPU that went offline (or came online) between the samples
     total = part = 0
     for name in names:
         delta = [a - b for a, b in zip(after[name], before[name], strict=True)]

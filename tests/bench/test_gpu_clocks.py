@@ -58,8 +58,28 @@ def test_the_samples_of_a_measurement_summarised(stand_in):
     assert clocks.process.poll() is not None  # stopped with the measurement
 
 
-def test_a_query_that_prints_nothing_is_recorded_as_an_error(stand_in):
-    clocks = gpu_clocks.GpuClocks()
-    clocks.fields = ("clocks.sm",)
-    clocks.output, clocks.error = "", "NVIDIA-SMI has failed"
-    assert clocks.summary() == {"error": "NVIDIA-SMI has failed"}
+FAILING = """#!/bin/sh
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+exit 9
+"""
+
+
+def test_an_nvidia_smi_that_fails_is_recorded_as_an_error_and_the_measurement_goes_on(tmp_path, monkeypatch):
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(FAILING)
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    gpu_clocks.query_fields.cache_clear()
+    with gpu_clocks.GpuClocks() as clocks:
+        time.sleep(0.2)
+    gpu_clocks.query_fields.cache_clear()
+    assert clocks.fields == gpu_clocks.FIELDS  # neither name of the reasons' field was taken
+    assert clocks.summary() == {"error": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                                         "driver."}
+
+
+@pytest.mark.parametrize("visible, index", [("2,3", "2"), ("GPU-4a1b-77", "GPU-4a1b-77"), ("", "0"),
+                                            ("MIG-1/2/3", "0")])
+def test_the_gpu_asked_for_is_the_first_the_servers_see(monkeypatch, visible, index):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert gpu_clocks.gpu_index() == index

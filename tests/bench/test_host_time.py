@@ -74,3 +74,13 @@ def test_a_process_that_ended_between_the_samples_is_left_out(tree):
     after = host_time.take(parent.pid, time.monotonic())
     assert host_time.between(before, after)["processes"] == 1
     assert host_time.process_times(child) is None
+
+
+def test_a_cpu_missing_from_one_sample_gives_no_share_and_no_error(tree):
+    parent, _ = tree
+    before = host_time.take(parent.pid, time.monotonic())
+    after = host_time.take(parent.pid, time.monotonic() + 1)
+    gone = host_time.Sample(after.processes, {k: v for k, v in after.cpu_fields.items() if k != "cpu0"},
+                            after.monotonic_s)
+    got = host_time.between(before, gone, [0])
+    assert got["cpus_busy_share"] is None and got["cpus_steal_share"] is None and got["processes"] == 2
