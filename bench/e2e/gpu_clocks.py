@@ -16,6 +16,8 @@ from collections import Counter
 from functools import cache
 from typing import Any
 
+from bench.e2e.side_process import SideProcess
+
 FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu")
 # a bit mask, 0x0 or 0x1 (idle) when nothing holds the clocks down; older drivers know the
 # field by its former name
@@ -46,38 +48,20 @@ def query_fields(command: str) -> tuple[str, ...]:
     return FIELDS
 
 
-class GpuClocks:
+class GpuClocks(SideProcess):
     """``with GpuClocks() as clocks: ...`` then ``clocks.summary()``."""
 
     def __init__(self, command: str = "nvidia-smi") -> None:
+        super().__init__()
         self.command = shutil.which(command)
         self.fields: tuple[str, ...] = ()
-        self.process: subprocess.Popen[str] | None = None
-        self.output = ""
-        self.error = ""
 
     def __enter__(self) -> GpuClocks:
         if self.command:
             self.fields = query_fields(self.command)
-            try:
-                self.process = subprocess.Popen(
-                    [self.command, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
-                     "-lms", str(INTERVAL_MS), "-i", gpu_index()],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            except OSError as e:  # recorded; the measurement goes on without the clocks
-                self.error = f"nvidia-smi did not start: {e}"
+            self.start([self.command, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
+                        "-lms", str(INTERVAL_MS), "-i", gpu_index()], "nvidia-smi")
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-        try:
-            self.output, self.error = self.process.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.output, self.error = self.process.communicate()
 
     def summary(self) -> dict[str, Any] | None:
         """Mean, min and max of each field over the samples, and how many samples showed each

@@ -486,9 +486,11 @@ def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per measurement, the unqueued prefill next to what the server's processes did on the
-    host (``host``: :mod:`bench.e2e.host_time`) and the GPU's clocks (``gpu_clocks``): a slow
-    round's server either got less CPU (involuntary switches, busy or stolen CPUs), needed
-    more CPU time for the same requests, or ran on a GPU at lower clocks."""
+    host (``host``: :mod:`bench.e2e.host_time`), how long a fixed loop took on its CPUs
+    (``host_probe``: :mod:`bench.e2e.host_probe`, median and 90th percentile) and the GPU's
+    clocks (``gpu_clocks``): a slow round's server either got less CPU (involuntary switches,
+    busy or stolen CPUs), ran on a slower host (the loop took longer), or ran on a GPU at
+    lower clocks."""
     lines = []
     for run in runs:
         for m in run["measurements"]:
@@ -502,16 +504,18 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             sm_text = f"{sm['mean']:.0f} ({sm['min']:.0f})" if sm else "-"
             reasons = next((clocks[k] for k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
                             if k in clocks), None)
+            loop = (m.get("host_probe") or {}).get("loop_ms")
+            loop_text = f"{loop['median']:.2f} ({loop['p90']:.2f})" if loop else "-"
             lines.append(f"| {Path(run['_file']).stem} | {m['point']} | {m['repeat']} | {m['system']} | "
                          f"{_f(unqueued_ttft(m), 1)} | {host['cpu_s']} | {_f(host['cpu_per_wall_s'], 2)} | "
                          f"{switches} | {_f(host['cpus_busy_share'], 2)} | {_f(host['cpus_steal_share'], 3)} | "
-                         f"{sm_text} | "
+                         f"{loop_text} | {sm_text} | "
                          f"{_counts(reasons) if reasons else '-'} |")
     if not lines:
         return []
     return ["| call | point | round | system | TTFT p10 ms | server CPU s | CPU s a second | involuntary "
-            "switches a second | its CPUs busy | stolen | GPU SM MHz mean (min) | clock-event reasons (samples) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
+            "switches a second | its CPUs busy | stolen | fixed loop ms median (p90) | GPU SM MHz mean (min) | "
+            "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 # A round whose inter-token latency has its 90th percentile above this many times its median had

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.e2e import cpu_pinning, gpu_clocks, host_time, measure, plan, servers
+from bench.e2e import cpu_pinning, gpu_clocks, host_probe, host_time, measure, plan, servers
 from bench.e2e.plan import Call, Measurement, Point
 from bench.e2e.sglang_client import Worker
 from bench.workloads import Request
@@ -140,14 +140,15 @@ def warm_up_all(report: dict[str, Any], call: Call, live: dict[str, ServerProces
 def measure_one(server: ServerProcess, system: plan.System, point: Point, names: Sequence[str], seed: int,
                 clients: Clients, cpus: Sequence[int] | None = None) -> dict[str, Any]:
     """One measurement; besides the client's figures, what the server's processes did on the
-    host (:mod:`host_time`, over ``cpus``, the server's own when pinned) and the GPU's clocks
-    (:mod:`gpu_clocks`) while it ran."""
+    host (:mod:`host_time`, over ``cpus``, the server's own when pinned), how fast the host ran
+    a fixed loop on those CPUs (:mod:`host_probe`) and the GPU's clocks (:mod:`gpu_clocks`)
+    while it ran."""
     servers.flush_cache(server)  # no measurement reuses another's prefix KV
     before = servers.vlora_status(server) if system.plugin else None
     started_unix = time.time()
     t0 = time.monotonic()
     host_before = host_time.take(server.process.pid, t0)
-    with gpu_clocks.GpuClocks() as clocks:
+    with gpu_clocks.GpuClocks() as clocks, host_probe.HostProbe(cpus) as speed:
         if point.client == "sglang":
             result = measure.run_sglang(clients.sglang(), server, point, names, seed, system.lora, clients.work_dir)
         else:
@@ -156,6 +157,7 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
             result = measure.run_own(server, sent, [r.adapter for r in labelled])
     result["host"] = host_time.between(host_before, host_time.take(server.process.pid, time.monotonic()), cpus)
     result["gpu_clocks"] = clocks.summary()
+    result["host_probe"] = speed.summary()
     result["seconds"] = round(time.monotonic() - t0, 1)
     if system.plugin:
         after = servers.vlora_status(server)

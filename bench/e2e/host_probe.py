@@ -1,0 +1,123 @@
+"""How fast the host runs a fixed piece of Python while a measurement runs.
+
+An eager prefill is bound by its server's host launches. In the rounds in which one server ran
+its prefills a third slower, that server was preempted no more often, lost no CPU time to the
+hypervisor, and the GPU's clocks held (docs/perf.md, "Host time and GPU clocks beside the slow
+rounds"): what is left is how fast the host executes the same instructions, which no counter
+inside a KVM guest reports. So a probe process times a fixed pure-Python loop every half second
+on the measured server's CPUs (any CPU when the server is not pinned) and keeps only the samples
+during which it was not preempted, so that a sample is the host's speed and not a wait for a
+CPU. It costs about 1% of one CPU. The probe process is this module run from the repository's
+root (``python -m bench.e2e.host_probe``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.e2e.side_process import SideProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+INTERVAL_S = 0.5
+ITERATIONS = 100_000  # about 6 ms on the benchmark H200 machine's host
+
+
+def involuntary_switches() -> int:
+    """This process's involuntary context switches so far (all its threads: it has one)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
+def current_cpu() -> int:
+    """The CPU this process last ran on (field 39 of ``/proc/self/stat``)."""
+    with open("/proc/self/stat") as f:
+        after_name = f.read().rsplit(")", 1)[1].split()
+    return int(after_name[36])
+
+
+def loop_sample(iterations: int) -> tuple[float, int, bool]:
+    """Milliseconds of a fixed pure-Python loop, the CPU it ran on, and whether the kernel
+    preempted the probe meanwhile (a preempted sample holds a wait, not only work)."""
+    switches = involuntary_switches()
+    began = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    ms = (time.perf_counter() - began) * 1e3
+    return ms, current_cpu(), involuntary_switches() != switches
+
+
+def probe(interval_s: float, iterations: int, cpus: Sequence[int] | None) -> None:
+    """Print ``ms cpu preempted`` a line, every ``interval_s``, until killed."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    loop_sample(iterations)  # the first run pays for warming the interpreter
+    while True:
+        ms, cpu, preempted = loop_sample(iterations)
+        print(f"{ms:.3f} {cpu} {int(preempted)}", flush=True)
+        time.sleep(interval_s)
+
+
+class HostProbe(SideProcess):
+    """``with HostProbe(cpus) as speed: ...`` then ``speed.summary()``; ``cpus``: where the
+    probe runs (the measured server's when it is pinned; None: wherever the kernel puts it)."""
+
+    def __init__(self, cpus: Sequence[int] | None = None, interval_s: float = INTERVAL_S,
+                 iterations: int = ITERATIONS) -> None:
+        super().__init__()
+        self.command = [sys.executable, "-m", "bench.e2e.host_probe", "--interval-s", str(interval_s), "--iterations", str(iterations)]
+        if cpus:
+            self.command += ["--cpus", ",".join(str(c) for c in cpus)]
+
+    def __enter__(self) -> HostProbe:
+        self.start(self.command, "the probe", cwd=REPO)
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        """The loop's milliseconds over the samples the probe was not preempted in (median,
+        10th and 90th percentiles, max), how many samples it took and kept, and the CPUs the
+        kept ones ran on; ``{"error": ...}`` if it printed none."""
+        rows = []
+        for line in self.output.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                rows.append((float(parts[0]), int(parts[1]), parts[2] == "1"))
+        if not rows:
+            return {"error": self.error.strip()[-500:] or "no samples"}
+        kept = sorted(ms for ms, _, preempted in rows if not preempted)
+        out: dict[str, Any] = {"samples": len(rows), "kept": len(kept),
+                               "cpus": sorted({cpu for _, cpu, preempted in rows if not preempted})}
+        if kept:
+            out["loop_ms"] = {"median": round(statistics.median(kept), 3),
+                              "p10": round(kept[int(0.1 * len(kept))], 3),
+                              "p90": round(kept[min(len(kept) - 1, int(0.9 * len(kept)))], 3),
+                              "max": round(kept[-1], 3)}
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--interval-s", type=float, default=INTERVAL_S)
+    parser.add_argument("--iterations", type=int, default=ITERATIONS)
+    parser.add_argument("--cpus", help="comma-separated CPUs to run on")
+    args = parser.parse_args()
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    try:
+        probe(args.interval_s, args.iterations, cpus)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
+if __name__ == "__main__":
+    main()
