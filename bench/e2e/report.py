@@ -518,6 +518,38 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
+def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point, for ours and ATMM alone against csgmv and triton: in how many rounds the
+    system's mean E2E was above the peer's, and in how many calls it was above over the call's
+    rounds taken together, naming those calls. The in-server speed issue's target is a mean
+    E2E never above either peer's in a run: one call is one run, a round a part of it."""
+    lines = []
+    points = sorted({point for run in runs for point, _ in _measured_rounds(run)})
+    for point in points:
+        for system in ("vlora", "unmerge_only"):
+            for peer in ("csgmv", "triton"):
+                rounds = above = calls = 0
+                calls_above = []
+                for run in runs:
+                    pairs = [(means[system], means[peer]) for _, means in round_means([run], point)
+                             if {system, peer} <= set(means)]
+                    if not pairs:
+                        continue
+                    rounds += len(pairs)
+                    above += sum(ours > theirs for ours, theirs in pairs)
+                    calls += 1
+                    ours, theirs = (statistics.fmean(x) for x in zip(*pairs, strict=True))
+                    if ours > theirs:
+                        calls_above.append(f"{Path(run['_file']).stem} ({ours:.0f} against {theirs:.0f} ms)")
+                if rounds:
+                    lines.append(f"| {point} | {system} | {peer} | {above} of {rounds} | {len(calls_above)} of {calls} | "
+                                 f"{', '.join(calls_above) or '-'} |")
+    if not lines:
+        return []
+    return ["| point | system | peer | rounds above | calls above (over their rounds) | the calls above |",
+            "|---|---|---|---|---|---|", *lines]
+
+
 # A round whose inter-token latency has its 90th percentile above this many times its median had
 # its decode batch interrupted by prefills in more than one token gap in ten.
 INTERRUPTED_P90_OVER_MEDIAN = 3.0
@@ -615,6 +647,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
+                         ("Mean E2E above a peer's, by round and by call", above_table),
                          ("Each server on the host, and the GPU's clocks, by measurement", host_table),
                          ("The most requested adapter's requests and the others' (our client)", adapter_table),
                          ("Not measured", problems)):

@@ -362,3 +362,15 @@ def test_the_host_table_puts_each_measurements_server_and_gpu_beside_its_unqueue
     for m in (no_probe, {k: v for k, v in slow.items() if k != "host_probe"}):
         assert report.host_table([_run("cpu", [m])])[2].endswith("| 0.013 | - | 1905 (1755) | "
                                                                   "0x0000000000000000 39, 0x0000000000000004 1 |")
+
+
+def test_mean_e2e_above_a_peer_is_counted_by_round_and_by_call():
+    # call one: ATMM above csgmv in round 1 only, below over its two rounds; call two: above over both
+    one = _run("one", [_measurement("unmerge_only", "sgl-mixed", 0, 900), _measurement("csgmv", "sgl-mixed", 0, 1200),
+                       _measurement("unmerge_only", "sgl-mixed", 1, 1010), _measurement("csgmv", "sgl-mixed", 1, 1000)])
+    two = _run("two", [_measurement("unmerge_only", "sgl-mixed", 0, 1100), _measurement("csgmv", "sgl-mixed", 0, 1000),
+                       _measurement("unmerge_only", "sgl-mixed", 1, 950), _measurement("csgmv", "sgl-mixed", 1, 1000),
+                       _measurement("unmerge_only", "sgl-mixed", 2, 990, status="failed")])
+    lines = report.above_table([one, two])
+    assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | two (1025 against 1000 ms) |"]
+    assert report.above_table([_run("floor only", [_measurement("nolora", "sgl-mixed", 0, 800)])]) == []
