@@ -87,9 +87,21 @@ def _by_band(prefills: dict[int, list[float]]) -> dict[str, dict[str, float]]:
     return {band(edge): {"prefills": len(v), **_quartiles(v)} for edge, v in sorted(prefills.items())}
 
 
+HISTOGRAM_BIN_MS = 5
+
+
+def _histograms(prefills: dict[int, list[float]]) -> dict[str, dict[str, int]]:
+    """Per band, how many prefills took each :data:`HISTOGRAM_BIN_MS`-wide span of ms (keyed by
+    its lower edge): quartiles hide a time that switches between levels, a histogram shows them."""
+    return {band(edge): {str(lower): n for lower, n in sorted(Counter(int(ms // HISTOGRAM_BIN_MS) * HISTOGRAM_BIN_MS
+                                                                   for ms in v).items())}
+            for edge, v in sorted(prefills.items())}
+
+
 def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """Decode steps by mode and batch size, prefills by mode and band, and per measurement its
-    iterations per mode, its decode steps' median and its prefills by band (any mode); ms."""
+    iterations per mode, its decode steps' median and its prefills by band (any mode), with
+    their histogram; ms."""
     decode: dict[tuple[str, int], list[float]] = defaultdict(list)
     prefill: dict[tuple[int, str], list[float]] = defaultdict(list)
     measurements = []
@@ -111,6 +123,7 @@ def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str
             "busy_s": round(sum(ms for *_, ms in rows) / 1000, 3),
             "decode_step_median_ms": round(statistics.median(steps), 3) if steps else None,
             "prefill_ms_by_band": _by_band(own_prefills),
+            "prefill_histogram_ms": _histograms(own_prefills),
         })
     return {
         "decode_steps": [{"mode": mode, "decode_requests": n, "steps": len(v), "median_ms": round(statistics.median(v), 3)}

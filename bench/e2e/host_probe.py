@@ -4,16 +4,24 @@ An eager prefill is bound by its server's host launches. In the rounds in which 
 its prefills a third slower, that server was preempted no more often, lost no CPU time to the
 hypervisor, and the GPU's clocks held (docs/perf.md, "Host time and GPU clocks beside the slow
 rounds"): what is left is how fast the host executes the same instructions, which no counter
-inside a KVM guest reports. So a probe process times a fixed pure-Python loop every half second
-on the measured server's CPUs (any CPU when the server is not pinned) and keeps only the samples
-during which it was not preempted, so that a sample is the host's speed and not a wait for a
-CPU. It costs about 1% of one CPU. The probe process is this module run from the repository's
-root (``python -m bench.e2e.host_probe``).
+inside a KVM guest reports. Within a round the server's prefill time switched between two
+levels, about 48 and 72 ms, in episodes of a fraction of a second to five seconds. Whether that
+is one CPU of the guest at a time running slower (the physical core under it shared with a busy
+hardware thread on the host, for one) or the whole host is what the probe asks.
+
+So a probe process times a fixed pure-Python loop every half second, moving from CPU to CPU in
+turn over the measured server's CPUs (all the call's CPUs when the server is not pinned), and
+keeps only the samples during which it was not preempted, so that a sample is a CPU's speed and
+not a wait for it; the summary gives each CPU's median. The loop is short (about 2 ms on the
+benchmark H200 machine's host) because on a pinned server's CPUs it shares a CPU with the
+server a third of the time. The probe process is this module run from the repository's root
+(``python -m bench.e2e.host_probe``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -27,7 +35,7 @@ from bench.e2e.side_process import SideProcess
 REPO = Path(__file__).resolve().parents[2]
 
 INTERVAL_S = 0.5
-ITERATIONS = 100_000  # about 6 ms on the benchmark H200 machine's host
+ITERATIONS = 30_000  # about 2 ms on the benchmark H200 machine's host
 
 
 def involuntary_switches() -> int:
@@ -59,11 +67,12 @@ def loop_sample(iterations: int) -> tuple[float, int, bool]:
 
 
 def probe(interval_s: float, iterations: int, cpus: Sequence[int] | None) -> None:
-    """Print ``ms cpu preempted`` a line, every ``interval_s``, until killed."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    """Print ``ms cpu preempted`` a line, every ``interval_s``, on each of ``cpus`` in turn (the
+    CPUs this process may use when None), until killed."""
+    turn = sorted(cpus or os.sched_getaffinity(0))
     loop_sample(iterations)  # the first run pays for warming the interpreter
-    while True:
+    for i in itertools.count():
+        os.sched_setaffinity(0, {turn[i % len(turn)]})
         ms, cpu, preempted = loop_sample(iterations)
         print(f"{ms:.3f} {cpu} {int(preempted)}", flush=True)
         time.sleep(interval_s)
@@ -86,8 +95,8 @@ class HostProbe(SideProcess):
 
     def summary(self) -> dict[str, Any]:
         """The loop's milliseconds over the samples the probe was not preempted in (median,
-        10th and 90th percentiles, max), how many samples it took and kept, and the CPUs the
-        kept ones ran on; ``{"error": ...}`` if it printed none."""
+        10th and 90th percentiles, max, and each CPU's median), and how many samples it took
+        and kept; ``{"error": ...}`` if it printed none."""
         rows = []
         for line in self.output.splitlines():
             parts = line.split()
@@ -96,8 +105,12 @@ class HostProbe(SideProcess):
         if not rows:
             return {"error": self.error.strip()[-500:] or "no samples"}
         kept = sorted(ms for ms, _, preempted in rows if not preempted)
+        by_cpu: dict[int, list[float]] = {}
+        for ms, cpu, preempted in rows:
+            if not preempted:
+                by_cpu.setdefault(cpu, []).append(ms)
         out: dict[str, Any] = {"samples": len(rows), "kept": len(kept),
-                               "cpus": sorted({cpu for _, cpu, preempted in rows if not preempted})}
+                               "by_cpu_ms": {str(cpu): round(statistics.median(v), 3) for cpu, v in sorted(by_cpu.items())}}
         if kept:
             out["loop_ms"] = {"median": round(statistics.median(kept), 3),
                               "p10": round(kept[int(0.1 * len(kept))], 3),

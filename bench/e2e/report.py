@@ -487,7 +487,8 @@ def unqueued_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per measurement, the unqueued prefill next to what the server's processes did on the
     host (``host``: :mod:`bench.e2e.host_time`), how long a fixed loop took on its CPUs
-    (``host_probe``: :mod:`bench.e2e.host_probe`, median and 90th percentile) and the GPU's
+    (``host_probe``: :mod:`bench.e2e.host_probe`, median, 90th percentile and the CPU with the
+    slowest median) and the GPU's
     clocks (``gpu_clocks``): a slow round's server either got less CPU (involuntary switches,
     busy or stolen CPUs), ran on a slower host (the loop took longer), or ran on a GPU at
     lower clocks."""
@@ -504,8 +505,12 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             sm_text = f"{sm['mean']:.0f} ({sm['min']:.0f})" if sm else "-"
             reasons = next((clocks[k] for k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
                             if k in clocks), None)
-            loop = (m.get("host_probe") or {}).get("loop_ms")
+            probe = m.get("host_probe") or {}
+            loop, by_cpu = probe.get("loop_ms"), probe.get("by_cpu_ms") or {}
             loop_text = f"{loop['median']:.2f} ({loop['p90']:.2f})" if loop else "-"
+            if loop and by_cpu:
+                slowest = max(by_cpu, key=by_cpu.get)
+                loop_text += f", CPU {slowest} {by_cpu[slowest]:.2f}"
             lines.append(f"| {Path(run['_file']).stem} | {m['point']} | {m['repeat']} | {m['system']} | "
                          f"{_f(unqueued_ttft(m), 1)} | {host['cpu_s']} | {_f(host['cpu_per_wall_s'], 2)} | "
                          f"{switches} | {_f(host['cpus_busy_share'], 2)} | {_f(host['cpus_steal_share'], 3)} | "
@@ -514,7 +519,7 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     if not lines:
         return []
     return ["| call | point | round | system | TTFT p10 ms | server CPU s | CPU s a second | involuntary "
-            "switches a second | its CPUs busy | stolen | fixed loop ms median (p90) | GPU SM MHz mean (min) | "
+            "switches a second | its CPUs busy | stolen | fixed loop ms median (p90), slowest CPU | GPU SM MHz mean (min) | "
             "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 

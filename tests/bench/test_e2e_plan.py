@@ -347,17 +347,17 @@ def test_the_host_table_puts_each_measurements_server_and_gpu_beside_its_unqueue
             "involuntary_switches": 400, "cpus": [3, 4, 5], "cpus_busy_share": 0.52, "cpus_steal_share": 0.013}
     clocks = {"samples": 40, "clocks.sm": {"mean": 1905.4, "min": 1755.0, "max": 1980.0},
               "clocks_event_reasons.active": {"0x0000000000000000": 39, "0x0000000000000004": 1}}
-    probe = {"samples": 39, "kept": 37, "cpus": [3, 4], "loop_ms": {"median": 6.1, "p10": 5.9, "p90": 7.84, "max": 9.0}}
+    probe = {"samples": 39, "kept": 37, "by_cpu_ms": {"3": 6.0, "4": 6.3}, "loop_ms": {"median": 6.1, "p10": 5.9, "p90": 7.84, "max": 9.0}}
     slow = _measurement("csgmv", "sgl-mixed", 1, 1300) | {"host": host, "gpu_clocks": clocks, "host_probe": probe,
                                                           "per_request": {"ttft_ms": [80.0 + i for i in range(20)]}}
     old = _measurement("nolora", "sgl-mixed", 1, 1000)  # a call from before these figures
     assert report.host_table([_run("old", [old])]) == []
     lines = report.host_table([_run("one", [old, slow])])
     assert len(lines) == 3
-    assert lines[2] == ("| one | sgl-mixed | 1 | csgmv | 82.0 | 31.5 | 1.57 | 20 | 0.52 | 0.013 | 6.10 (7.84) | 1905 (1755) | "
+    assert lines[2] == ("| one | sgl-mixed | 1 | csgmv | 82.0 | 31.5 | 1.57 | 20 | 0.52 | 0.013 | 6.10 (7.84), CPU 4 6.30 | 1905 (1755) | "
                         "0x0000000000000000 39, 0x0000000000000004 1 |")
     no_gpu = slow | {"gpu_clocks": None}
-    assert report.host_table([_run("cpu", [no_gpu])])[2].endswith("| 6.10 (7.84) | - | - |")
+    assert report.host_table([_run("cpu", [no_gpu])])[2].endswith("| 6.10 (7.84), CPU 4 6.30 | - | - |")
     no_probe = slow | {"host_probe": {"error": "no samples"}}  # and a call from before the probe
     for m in (no_probe, {k: v for k, v in slow.items() if k != "host_probe"}):
         assert report.host_table([_run("cpu", [m])])[2].endswith("| 0.013 | - | 1905 (1755) | "

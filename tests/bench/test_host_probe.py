@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from bench.e2e import host_probe
 
 
@@ -17,9 +19,18 @@ def test_the_probe_times_its_loop_on_the_cpus_it_is_given():
     got = speed.summary()
     assert got["samples"] >= 3, got
     assert 0 < got["kept"] <= got["samples"]
-    assert got["cpus"] == [cpu]
+    assert list(got["by_cpu_ms"]) == [str(cpu)]
     loop = got["loop_ms"]
     assert 0 < loop["p10"] <= loop["median"] <= loop["p90"] <= loop["max"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_probe_takes_the_cpus_it_is_given_in_turn():
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    with host_probe.HostProbe(cpus, interval_s=0.05, iterations=20_000) as speed:
+        time.sleep(1.0)
+    got = speed.summary()
+    assert sorted(got["by_cpu_ms"]) == sorted(str(c) for c in cpus), got
 
 
 def _spin(cpu: int, seconds: float) -> None:

@@ -53,6 +53,9 @@ def test_modes_are_compared_at_the_same_batch_size(tmp_path):
     first, second = call["measurements"]
     assert first["decode_step_median_ms"] == pytest.approx(8.05) and first["prefills_by_mode"] == {"merge": 1, "unmerge": 1}
     assert second["prefill_ms_by_band"] == {"1024-2047": {"prefills": 2, "p25": 57.0, "median": 63.0, "p75": 69.0}}
+    # 75 and 51 ms: the 5-ms spans from 75 and from 50
+    assert second["prefill_histogram_ms"] == {"1024-2047": {"50": 1, "75": 1}}
+    assert first["prefill_histogram_ms"] == {"1024-2047": {"45": 2}}
     assert doc["pooled"]["decode_steps"] == call["decode_steps"]  # one call: pooled is the call
     assert json.loads((tmp_path / "s.json").read_text()) == doc
 
