@@ -653,6 +653,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
                          ("Mean E2E above a peer's, by round and by call", above_table),
+                         ("Against the LoRA-cost targets", target_table),
                          ("Each server on the host, and the GPU's clocks, by measurement", host_table),
                          ("The most requested adapter's requests and the others' (our client)", adapter_table),
                          ("Not measured", problems)):
@@ -767,6 +768,60 @@ def ratio_interval(rounds: Sequence[PairedRound], resamples: int = 2000,
     values.sort()
     tail = (1 - level) / 2
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def target_margin(rounds: Sequence[PairedRound], target: float, resamples: int = 2000,
+                  level: float = 0.95) -> tuple[float, tuple[float, float] | None] | None:
+    """Ours' LoRA cost minus ``target`` times the peer's, ms a round, over ``rounds``, and a
+    percentile bootstrap interval of it drawing whole request traces as :func:`ratio_interval`
+    does (None under 3 traces); None without rounds. Unlike the ratio it stays defined where
+    the peer's summed cost is near zero or below in a resample (rounds whose floor ran slow),
+    and it reads a target directly: an interval below zero holds it, one above zero misses it."""
+    if not rounds:
+        return None
+    units = trace_groups([PairedRound(r.ours - target * r.peer, 1.0, r.trace) for r in rounds])
+    mean = sum(margin for margin, _ in units) / len(rounds)
+    if len(units) < 3:
+        return mean, None
+    rng = random.Random(0)
+    values = []
+    for _ in range(resamples):
+        sample = [units[rng.randrange(len(units))] for _ in units]
+        values.append(sum(margin for margin, _ in sample) / sum(count for _, count in sample))
+    values.sort()
+    tail = (1 - level) / 2
+    return mean, (values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))])
+
+
+# The issues' LoRA-cost targets: (system, peer) -> the most the system's cost may be, as a
+# share of the peer's.
+LORA_COST_TARGETS = {("unmerge_only", "csgmv"): 0.5, ("vlora", "csgmv"): 0.3, ("vlora", "triton"): 0.4}
+
+
+def target_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point and target of :data:`LORA_COST_TARGETS` with rounds that measured the floor,
+    the system and the peer: the ratio, the margin (:func:`target_margin`) and what its
+    interval says of the target."""
+    lines = []
+    points = sorted({point for run in runs for point, _ in _measured_rounds(run)})
+    for point in points:
+        for (system, peer), target in LORA_COST_TARGETS.items():
+            rounds = paired_lora_costs(runs, point, system, peer)
+            margin = target_margin(rounds, target)
+            if margin is None:
+                continue
+            mean, interval = margin
+            if interval is None:
+                cell, verdict = f"{mean:+.1f}", "not decided (under 3 traces)"
+            else:
+                cell = f"{mean:+.1f} ({interval[0]:+.1f} to {interval[1]:+.1f})"
+                verdict = "held" if interval[1] < 0 else "missed" if interval[0] > 0 else "not decided"
+            lines.append(f"| {point} | {system} | {peer} | {target:g}x | {len(rounds)} | {ratio_cell(rounds)} | "
+                         f"{cell} | {verdict} |")
+    if not lines:
+        return []
+    return ["| point | system | peer | target | rounds | LoRA cost ratio | ours minus target x peer's, ms a round "
+            "(95% interval) | the target, by that interval |", "|---|---|---|---|---|---|---|---|", *lines]
 
 
 def ratio_cell(rounds: Sequence[PairedRound]) -> str:

@@ -345,3 +345,28 @@ def test_the_interrupted_table_counts_rounds_whose_p90_gap_was_a_prefill():
     assert report.interrupted(_call(80, [(1.0, 2.0)])["measurements"][0]) is None
     calm = _with_itl(_call(80, [(1.0, 2.0)]), {s: [(8.0, 12.0)] for s in ("nolora", "vlora", "csgmv")})
     assert report.interrupted_table([calm]) == []
+
+
+def test_the_target_margin_is_defined_where_the_ratio_interval_is_not():
+    # the floor ran slow in one round, so csgmv "cost" -40 there and some resamples give it nothing
+    rounds = _rounds((10.0, 100.0), (-50.0, -40.0), (15.0, 90.0), (5.0, 60.0))
+    assert report.ratio_interval(rounds) is None
+    mean, (lo, hi) = report.target_margin(rounds, 0.5)
+    # per round: 10 - 50, -50 + 20, 15 - 45, 5 - 30
+    assert mean == (-40.0 - 30.0 - 30.0 - 25.0) / 4
+    assert -40.0 <= lo <= mean <= hi <= -25.0  # every round's margin is below zero: held
+    assert report.target_margin(rounds, 0.5) == (mean, (lo, hi))  # seeded
+    assert report.target_margin(_rounds((60.0, 100.0), (70.0, 100.0)), 0.5) == (15.0, None)  # two traces
+    assert report.target_margin([], 0.5) is None
+
+
+def test_the_target_table_says_what_each_interval_says_of_its_target():
+    held = [_call(80 + 2 * i, [(10.0 + i, 100.0)]) for i in range(4)]
+    missed = [_call(90 + 2 * i, [(80.0 + i, 100.0)]) for i in range(4)]
+    undecided = [_call(100 + 2 * i, [(cost, 100.0)]) for i, cost in enumerate((0.0, 90.0, 10.0, 80.0))]
+    for runs, verdict in ((held, "held"), (missed, "missed"), (undecided, "not decided")):
+        lines = report.target_table(runs)
+        assert len(lines) == 3 and lines[2].startswith("| sgl-mixed | vlora | csgmv | 0.3x | 4 | ")
+        assert lines[2].endswith(f" | {verdict} |"), lines[2]
+    one = report.target_table([_call(80, [(10.0, 100.0)])])[2]
+    assert one.endswith("| 0.10 (1 round) | -20.0 | not decided (under 3 traces) |"), one
