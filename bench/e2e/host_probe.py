@@ -30,21 +30,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.e2e import host_time
 from bench.e2e.side_process import SideProcess
+from bench.host_speed import LOOP, loop_ms
 
 REPO = Path(__file__).resolve().parents[2]
 
 INTERVAL_S = 0.5
-ITERATIONS = 30_000  # about 2 ms on the benchmark H200 machine's host
+ITERATIONS = LOOP // 10  # host_speed's loop, a tenth as long: about 1.7 ms on the benchmark H200 machine's host
 
 
 def involuntary_switches() -> int:
-    """This process's involuntary context switches so far (all its threads: it has one)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("nonvoluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    return 0
+    """This process's involuntary context switches so far."""
+    times = host_time.process_times(os.getpid())
+    return times.involuntary_switches if times else 0
 
 
 def current_cpu() -> int:
@@ -55,14 +54,10 @@ def current_cpu() -> int:
 
 
 def loop_sample(iterations: int) -> tuple[float, int, bool]:
-    """Milliseconds of a fixed pure-Python loop, the CPU it ran on, and whether the kernel
-    preempted the probe meanwhile (a preempted sample holds a wait, not only work)."""
+    """Milliseconds of :func:`bench.host_speed.loop_ms`, the CPU it ran on, and whether the
+    kernel preempted the probe meanwhile (a preempted sample holds a wait, not only work)."""
     switches = involuntary_switches()
-    began = time.perf_counter()
-    total = 0
-    for i in range(iterations):
-        total += i * i % 7
-    ms = (time.perf_counter() - began) * 1e3
+    ms = loop_ms(iterations)
     return ms, current_cpu(), involuntary_switches() != switches
 
 
@@ -104,11 +99,11 @@ class HostProbe(SideProcess):
                 rows.append((float(parts[0]), int(parts[1]), parts[2] == "1"))
         if not rows:
             return {"error": self.error.strip()[-500:] or "no samples"}
-        kept = sorted(ms for ms, _, preempted in rows if not preempted)
         by_cpu: dict[int, list[float]] = {}
         for ms, cpu, preempted in rows:
             if not preempted:
                 by_cpu.setdefault(cpu, []).append(ms)
+        kept = sorted(ms for v in by_cpu.values() for ms in v)
         out: dict[str, Any] = {"samples": len(rows), "kept": len(kept),
                                "by_cpu_ms": {str(cpu): round(statistics.median(v), 3) for cpu, v in sorted(by_cpu.items())}}
         if kept:
@@ -119,15 +114,25 @@ class HostProbe(SideProcess):
         return out
 
 
+def _cpu_list(text: str) -> list[int]:
+    try:
+        cpus = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of CPU numbers: {text!r}") from None
+    unknown = sorted(set(cpus) - os.sched_getaffinity(0))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"CPUs {unknown} are not among this process's {sorted(os.sched_getaffinity(0))}")
+    return cpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval-s", type=float, default=INTERVAL_S)
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
-    parser.add_argument("--cpus", help="comma-separated CPUs to run on")
+    parser.add_argument("--cpus", type=_cpu_list, help="comma-separated CPUs to run on")
     args = parser.parse_args()
-    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
     try:
-        probe(args.interval_s, args.iterations, cpus)
+        probe(args.interval_s, args.iterations, args.cpus)
     except (KeyboardInterrupt, BrokenPipeError):
         pass
 

@@ -67,3 +67,16 @@ def test_a_probe_that_prints_nothing_or_cannot_start_is_an_error_record():
     with missing:
         pass
     assert missing.summary()["error"].startswith("the probe did not start")
+
+
+def test_cpus_the_probe_cannot_use_are_refused_with_a_clear_error():
+    missing = max(os.sched_getaffinity(0)) + 1
+    with host_probe.HostProbe([missing]) as speed:
+        time.sleep(0.3)
+    error = speed.summary()["error"]
+    assert f"CPUs [{missing}] are not among this process's" in error, error
+    bad = host_probe.HostProbe()
+    bad.command = [sys.executable, "-m", "bench.e2e.host_probe", "--cpus", "0,x"]
+    with bad:
+        time.sleep(0.3)
+    assert "not a comma-separated list of CPU numbers: '0,x'" in bad.summary()["error"]
