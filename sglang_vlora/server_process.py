@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import importlib.metadata
 import os
+import random
 import re
 import shlex
 import signal
@@ -75,10 +76,39 @@ class ServerProcess:
             return ""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Where :func:`free_port` looks: under SGLang's own pick for its NCCL port (22000-29999) and
+# under the kernel's ephemeral range (32768 up by default).
+FREE_PORT_RANGE = (12000, 21999)
+_ports_handed_out: set[int] = set()
+
+
+def ephemeral_port_low() -> int:
+    """The lowest port the kernel hands to ``bind(0)`` and outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, for a server that binds it only after its start-up.
+
+    Picked at random under the kernel's ephemeral range, never from ``bind(0)``: the HTTP
+    server binds its port seconds after the launch, once the model is loaded, and in that
+    window every outgoing connection and every ``bind(0)`` of any process (the server's own
+    included) draws from the ephemeral range and may take a port found free there. A port
+    this process handed out before is not handed out again, so servers started together
+    get different ports."""
+    low, high = FREE_PORT_RANGE
+    high = min(high, ephemeral_port_low() - 1)
+    candidates = [p for p in range(low, high + 1) if p not in _ports_handed_out]
+    for port in random.SystemRandom().sample(candidates, min(len(candidates), 256)):
+        if not port_in_use(host, port):
+            _ports_handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} in {low}-{high} (under the ephemeral range); "
+                       "give the server a port with --port")
 
 
 def server_command(
@@ -92,7 +122,7 @@ def server_command(
     """``python -m sglang.launch_server`` for ``model`` with ``adapters`` (name -> PEFT folder,
     in the given order) and ``extra`` flags last, so they override what comes before."""
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", host,
-           "--port", str(port or free_port())]
+           "--port", str(port or free_port(host))]
     if adapters:
         cmd += ["--lora-paths", *[f"{name}={path}" for name, path in adapters.items()]]
     return cmd + list(extra)

@@ -58,6 +58,26 @@ def test_a_free_port_and_one_left_in_time_wait_are_not_in_use():
     assert not server_process.port_in_use("127.0.0.1", port)
 
 
+def test_a_free_port_lies_under_the_ephemeral_range_and_is_handed_out_once():
+    """The server binds its port only after start-up; a port from the ephemeral range
+    (where bind(0) and outgoing connections draw) could be taken by then. This is the race
+    that once made a CI server fail with "address already in use"."""
+    low, high = server_process.FREE_PORT_RANGE
+    ports = [server_process.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    for port in ports:
+        assert low <= port <= high < server_process.ephemeral_port_low()
+        assert not server_process.port_in_use("127.0.0.1", port)
+
+
+def test_free_port_skips_a_port_in_use(monkeypatch, taken_port):
+    """With only one candidate left and it taken, the error says what to do."""
+    monkeypatch.setattr(server_process, "FREE_PORT_RANGE", (taken_port, taken_port))
+    monkeypatch.setattr(server_process, "ephemeral_port_low", lambda: 65536)
+    with pytest.raises(RuntimeError, match=rf"no free port on 127.0.0.1 in {taken_port}-{taken_port}.*--port"):
+        server_process.free_port()
+
+
 def test_bind_failed_matches_only_this_ports_bind_error():
     line = BIND_ERROR.format(port=30000)
     assert server_process.bind_failed(line, 30000)
