@@ -488,7 +488,8 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per measurement, the unqueued prefill next to what the server's processes did on the
     host (``host``: :mod:`bench.e2e.host_time`), how long a fixed loop took on its CPUs
     (``host_probe``: :mod:`bench.e2e.host_probe`, median, 90th percentile and the CPU with the
-    slowest median) and the GPU's
+    slowest median; the loop's clock and instructions a cycle where the host counts them) and
+    the GPU's
     clocks (``gpu_clocks``): a slow round's server either got less CPU (involuntary switches,
     busy or stolen CPUs), ran on a slower host (the loop took longer), or ran on a GPU at
     lower clocks."""
@@ -511,6 +512,8 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             if loop and by_cpu:
                 slowest = max(by_cpu, key=by_cpu.get)
                 loop_text += f", CPU {slowest} {by_cpu[slowest]:.2f}"
+            if probe.get("ghz"):
+                loop_text += f"; {probe['ghz']['median']:.2f} GHz, {probe['ipc']['median']:.2f} IPC"
             lines.append(f"| {Path(run['_file']).stem} | {m['point']} | {m['repeat']} | {m['system']} | "
                          f"{_f(unqueued_ttft(m), 1)} | {host['cpu_s']} | {_f(host['cpu_per_wall_s'], 2)} | "
                          f"{switches} | {_f(host['cpus_busy_share'], 2)} | {_f(host['cpus_steal_share'], 3)} | "

@@ -358,6 +358,9 @@ def test_the_host_table_puts_each_measurements_server_and_gpu_beside_its_unqueue
                         "0x0000000000000000 39, 0x0000000000000004 1 |")
     no_gpu = slow | {"gpu_clocks": None}
     assert report.host_table([_run("cpu", [no_gpu])])[2].endswith("| 6.10 (7.84), CPU 4 6.30 | - | - |")
+    counted = slow | {"host_probe": probe | {"ghz": {"median": 2.104}, "ipc": {"median": 1.756}}}
+    assert report.host_table([_run("pmu", [counted])])[2].endswith("| 6.10 (7.84), CPU 4 6.30; 2.10 GHz, 1.76 IPC | 1905 (1755) | "
+                                                                    "0x0000000000000000 39, 0x0000000000000004 1 |")
     no_probe = slow | {"host_probe": {"error": "no samples"}}  # and a call from before the probe
     for m in (no_probe, {k: v for k, v in slow.items() if k != "host_probe"}):
         assert report.host_table([_run("cpu", [m])])[2].endswith("| 0.013 | - | 1905 (1755) | "

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bench.e2e import host_probe
+from bench.e2e.cpu_counters import CpuCounters
 
 
 def test_the_probe_times_its_loop_on_the_cpus_it_is_given():
@@ -80,3 +81,46 @@ def test_cpus_the_probe_cannot_use_are_refused_with_a_clear_error():
     with bad:
         time.sleep(0.3)
     assert "not a comma-separated list of CPU numbers: '0,x'" in bad.summary()["error"]
+
+
+def test_the_probe_says_whether_it_counts_cycles_and_counts_them_where_it_can():
+    """Without hardware counters (a guest without a virtual PMU) the summary gives the kernel's
+    reason and no clock; with them, each CPU's clock and instructions a cycle, in the range
+    any CPU of today runs at."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with host_probe.HostProbe([cpu], interval_s=0.1, iterations=20_000) as speed:
+        time.sleep(1.0)
+    got = speed.summary()
+    error = CpuCounters().error
+    if error:
+        assert got["counters"] == error and error.startswith("no hardware counters: "), got
+        assert "ghz" not in got and "by_cpu_ghz" not in got
+    else:
+        assert got["counters"] == "cycles, instructions"
+        assert 0.3 < got["ghz"]["median"] < 7.0, got
+        assert 0.1 < got["ipc"]["median"] < 8.0, got
+        assert list(got["by_cpu_ghz"]) == [str(cpu)]
+
+
+def test_clock_and_instructions_a_cycle_come_from_the_samples_kept():
+    """A stand-in probe prints known counts: 5e6 cycles in 2 ms is 2.5 GHz; a preempted sample
+    and one without counts add no clock."""
+    lines = ["# counters: cycles, instructions", "2.000 3 0 5000000 10000000", "1.000 3 0 3000000 3000000",
+             "4.000 5 1 1 1", "1.000 5 0 - -"]
+    fake = host_probe.HostProbe()
+    fake.command = [sys.executable, "-c", f"print({chr(10).join(lines)!r})"]
+    with fake:
+        time.sleep(0.5)
+    got = fake.summary()
+    assert (got["samples"], got["kept"], got["counters"]) == (4, 3, "cycles, instructions")
+    assert got["by_cpu_ms"] == {"3": 1.5, "5": 1.0}
+    assert got["by_cpu_ghz"] == {"3": 2.75} and got["by_cpu_ipc"] == {"3": 1.5}
+    assert got["ghz"]["p10"] == 2.5 and got["ghz"]["max"] == 3.0
+
+
+def test_counts_over_a_span_in_which_a_counter_was_shared_are_dropped():
+    before = [(100, 1000, 1000), (300, 1000, 1000)]
+    assert CpuCounters.between(before, [(600, 2000, 2000), (1300, 2000, 2000)]) == (500, 1000)
+    # the kernel ran the instructions counter for only part of the span: an estimate, dropped
+    assert CpuCounters.between(before, [(600, 2000, 2000), (1300, 2000, 1500)]) is None
+    assert CpuCounters.between(None, before) is None

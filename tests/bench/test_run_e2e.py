@@ -52,7 +52,7 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         assert m["host"]["processes"] >= 3 and m["host"]["cpu_s"] > 0 and m["host"]["cpus"] == "all", m["host"]
         assert m["gpu_clocks"] is None
         probe = m["host_probe"]  # the fixed loop timed beside it; a sample in which it was preempted is not kept
-        assert probe["samples"] >= 1 and ("loop_ms" in probe) == (probe["kept"] > 0), probe
+        assert probe["samples"] >= 1 and ("loop_ms" in probe) == (probe["kept"] > 0) and probe["counters"], probe
         # every iteration ours timed during the measurement, in a file beside the server logs
         timeline = json.loads((tmp_path / "logs" / m["timeline"]["file"]).read_text())
         assert m["timeline"]["iterations"] == len(timeline["iterations"]) > 0 and m["timeline"]["complete"]
