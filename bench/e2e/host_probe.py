@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +156,22 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"not a positive {kind.__name__}: {text!r}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--interval-s", type=float, default=INTERVAL_S)
-    parser.add_argument("--iterations", type=int, default=ITERATIONS)
+    parser.add_argument("--interval-s", type=_positive(float), default=INTERVAL_S)
+    parser.add_argument("--iterations", type=_positive(int), default=ITERATIONS)
     parser.add_argument("--cpus", type=_cpu_list, help="comma-separated CPUs to run on")
     args = parser.parse_args()
     try:

@@ -751,49 +751,50 @@ def trace_groups(rounds: Sequence[PairedRound]) -> list[tuple[float, float]]:
     return [(ours, peer) for ours, peer in groups.values()]
 
 
-def ratio_interval(rounds: Sequence[PairedRound], resamples: int = 2000,
-                   level: float = 0.95) -> tuple[float, float] | None:
-    """A percentile bootstrap interval of sum(ours) / sum(peer) over ``rounds``, drawing whole
-    request traces (:func:`trace_groups`: each round's two figures, and the rounds of one trace,
-    stay together); None under 3 traces or where a resample's peer sum is not positive. Seeded:
-    the same rounds give the same interval."""
-    groups = trace_groups(rounds)
+def bootstrap_interval(groups: Sequence[tuple[float, float]],
+                       statistic: Callable[[Sequence[tuple[float, float]]], float | None],
+                       resamples: int = 2000, level: float = 0.95) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of ``statistic`` over ``groups`` (:func:`trace_groups`:
+    each round's two figures, and the rounds of one trace, stay together); None under 3 groups
+    or where ``statistic`` of a resample is None. Seeded: the same groups give the same interval."""
     if len(groups) < 3:
         return None
     rng = random.Random(0)
     values = []
     for _ in range(resamples):
-        sample = [groups[rng.randrange(len(groups))] for _ in groups]
-        theirs = sum(peer for _, peer in sample)
-        if theirs <= 0:
+        value = statistic([groups[rng.randrange(len(groups))] for _ in groups])
+        if value is None:
             return None
-        values.append(sum(ours for ours, _ in sample) / theirs)
+        values.append(value)
     values.sort()
     tail = (1 - level) / 2
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
 
 
+def _sum_ratio(groups: Sequence[tuple[float, float]]) -> float | None:
+    theirs = sum(peer for _, peer in groups)
+    return sum(ours for ours, _ in groups) / theirs if theirs > 0 else None
+
+
+def ratio_interval(rounds: Sequence[PairedRound], resamples: int = 2000,
+                   level: float = 0.95) -> tuple[float, float] | None:
+    """A :func:`bootstrap_interval` of sum(ours) / sum(peer) over ``rounds``, drawing whole
+    request traces; None under 3 traces or where a resample's peer sum is not positive."""
+    return bootstrap_interval(trace_groups(rounds), _sum_ratio, resamples, level)
+
+
 def target_margin(rounds: Sequence[PairedRound], target: float, resamples: int = 2000,
                   level: float = 0.95) -> tuple[float, tuple[float, float] | None] | None:
     """Ours' LoRA cost minus ``target`` times the peer's, ms a round, over ``rounds``, and a
-    percentile bootstrap interval of it drawing whole request traces as :func:`ratio_interval`
+    :func:`bootstrap_interval` of it drawing whole request traces as :func:`ratio_interval`
     does (None under 3 traces); None without rounds. Unlike the ratio it stays defined where
     the peer's summed cost is near zero or below in a resample (rounds whose floor ran slow),
     and it reads a target directly: an interval below zero holds it, one above zero misses it."""
     if not rounds:
         return None
+    # per trace: (summed margin, rounds), so that margin / rounds is the mean a round
     units = trace_groups([PairedRound(r.ours - target * r.peer, 1.0, r.trace) for r in rounds])
-    mean = sum(margin for margin, _ in units) / len(rounds)
-    if len(units) < 3:
-        return mean, None
-    rng = random.Random(0)
-    values = []
-    for _ in range(resamples):
-        sample = [units[rng.randrange(len(units))] for _ in units]
-        values.append(sum(margin for margin, _ in sample) / sum(count for _, count in sample))
-    values.sort()
-    tail = (1 - level) / 2
-    return mean, (values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))])
+    return _sum_ratio(units), bootstrap_interval(units, _sum_ratio, resamples, level)
 
 
 # The issues' LoRA-cost targets: (system, peer) -> the most the system's cost may be, as a

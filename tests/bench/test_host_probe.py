@@ -70,7 +70,7 @@ def test_a_probe_that_prints_nothing_or_cannot_start_is_an_error_record():
     assert missing.summary()["error"].startswith("the probe did not start")
 
 
-def test_cpus_the_probe_cannot_use_are_refused_with_a_clear_error():
+def test_cpus_it_cannot_use_and_other_bad_arguments_are_refused_with_a_clear_error():
     missing = max(os.sched_getaffinity(0)) + 1
     with host_probe.HostProbe([missing]) as speed:
         time.sleep(0.3)
@@ -81,6 +81,12 @@ def test_cpus_the_probe_cannot_use_are_refused_with_a_clear_error():
     with bad:
         time.sleep(0.3)
     assert "not a comma-separated list of CPU numbers: '0,x'" in bad.summary()["error"]
+    for flag, value, kind in (("--interval-s", "-1", "float"), ("--iterations", "0", "int"), ("--iterations", "x", "int")):
+        bad = host_probe.HostProbe()
+        bad.command = [sys.executable, "-m", "bench.e2e.host_probe", flag, value]
+        with bad:
+            time.sleep(0.3)
+        assert f"argument {flag}: not a positive {kind}: '{value}'" in bad.summary()["error"]
 
 
 def test_the_probe_says_whether_it_counts_cycles_and_counts_them_where_it_can():
