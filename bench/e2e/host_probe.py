@@ -100,12 +100,13 @@ class HostProbe(SideProcess):
     def __init__(self, cpus: Sequence[int] | None = None, interval_s: float = INTERVAL_S,
                  iterations: int = ITERATIONS) -> None:
         super().__init__()
+        self.cpus = list(cpus) if cpus else None
         self.command = [sys.executable, "-m", "bench.e2e.host_probe", "--interval-s", str(interval_s), "--iterations", str(iterations)]
         if cpus:
             self.command += ["--cpus", ",".join(str(c) for c in cpus)]
 
     def __enter__(self) -> HostProbe:
-        self.start(self.command, "the probe", cwd=REPO)
+        self.start(self.command, "the probe", cwd=REPO, cpus=self.cpus)
         return self
 
     def summary(self) -> dict[str, Any]:

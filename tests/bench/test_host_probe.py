@@ -34,6 +34,23 @@ def test_the_probe_takes_the_cpus_it_is_given_in_turn():
     assert sorted(got["by_cpu_ms"]) == sorted(str(c) for c in cpus), got
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_probe_runs_on_the_servers_cpus_while_its_caller_is_pinned_elsewhere():
+    """A pinned call restricts its own process to the client's CPUs; the probe it starts for a
+    server must still run on that server's, not inherit the caller's."""
+    own = os.sched_getaffinity(0)
+    client, server = sorted(own)[:2]
+    os.sched_setaffinity(0, {client})
+    try:
+        with host_probe.HostProbe([server], interval_s=0.1, iterations=20_000) as speed:
+            time.sleep(1.0)
+    finally:
+        os.sched_setaffinity(0, own)
+    got = speed.summary()
+    assert "error" not in got, got
+    assert list(got["by_cpu_ms"]) == [str(server)], got
+
+
 def _spin(cpu: int, seconds: float) -> None:
     os.sched_setaffinity(0, {cpu})
     end = time.monotonic() + seconds
@@ -75,6 +92,12 @@ def test_cpus_it_cannot_use_and_other_bad_arguments_are_refused_with_a_clear_err
     with host_probe.HostProbe([missing]) as speed:
         time.sleep(0.3)
     error = speed.summary()["error"]
+    assert error.startswith(f"the probe did not start: it could not be pinned to CPUs [{missing}]"), error
+    direct = host_probe.HostProbe()
+    direct.command += ["--cpus", str(missing)]
+    with direct:
+        time.sleep(0.3)
+    error = direct.summary()["error"]
     assert f"CPUs [{missing}] are not among this process's" in error, error
     bad = host_probe.HostProbe()
     bad.command = [sys.executable, "-m", "bench.e2e.host_probe", "--cpus", "0,x"]
