@@ -7,6 +7,12 @@ ATMM alone"). With every server pinned to cores no other server uses, and the cl
 rest, where the kernel places a process no longer decides a round. The cores come from this
 process's own affinity set: calls started side by side each under its own ``taskset -c`` split
 the host between them.
+
+The blocks move one server along each round (:func:`blocks_for_round`, :func:`repin`): the
+host probe found this guest's CPUs running a fixed loop at speeds up to 1.9x apart within one
+measurement and a block slow for rounds in a row, and a server's unqueued prefill following its
+block's speed (docs/perf.md, "Each CPU's speed beside the server's"). Rotated, a slow block
+slows every system's rounds in turn instead of one system's.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.e2e.host_time import PROC, process_tree
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_NODE = Path("/sys/devices/system/node")
@@ -67,4 +75,35 @@ def assign(cpus: Sequence[int], servers: Sequence[str], per_server: int) -> dict
                          f"the client, but this process may run on {len(cpus)} ({list(cpus)}): lower "
                          "--cpus-per-server or run fewer systems")
     blocks = {name: list(cpus[i * per_server:(i + 1) * per_server]) for i, name in enumerate(servers)}
-    return {"cpus_per_server": per_server, "servers": blocks, "client": list(cpus[needed:])}
+    return {"cpus_per_server": per_server, "servers": blocks, "client": list(cpus[needed:]),
+            "rotation": "by round: in round r the server i runs on the block of server i + r"}
+
+
+def blocks_for_round(pinning: dict[str, Any], round_index: int) -> dict[str, list[int]]:
+    """Each server's CPUs in round ``round_index`` (0 is :func:`assign`'s): server i takes the
+    block of server (i + round_index) modulo the servers, so over as many rounds as servers
+    each runs once on every block."""
+    names = list(pinning["servers"])
+    blocks = [pinning["servers"][name] for name in names]
+    return {name: list(blocks[(i + round_index) % len(blocks)]) for i, name in enumerate(names)}
+
+
+def repin(pid: int, cpus: Sequence[int]) -> int:
+    """Move every thread of ``pid`` and of the processes below it to ``cpus``; how many threads
+    moved. Threads and processes that end meanwhile are passed over; ``ProcessLookupError`` if
+    no thread moved (``pid`` has ended)."""
+    moved = 0
+    for process in process_tree(pid):
+        try:
+            tasks = [int(t.name) for t in (PROC / str(process) / "task").iterdir()]
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                os.sched_setaffinity(task, cpus)
+            except ProcessLookupError:
+                continue
+            moved += 1
+    if not moved:
+        raise ProcessLookupError(f"no process {pid} to move to CPUs {list(cpus)}")
+    return moved

@@ -193,7 +193,8 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
     never ran, and the report's means over rounds would compare different traces."""
     points = {pid: plan.scaled(plan.points_of(call.scale)[pid], call.scale_requests) for pid in call.points}
     measurements = plan.order(call, list(live))
-    current_round, round_fits = None, True
+    pinning = report.get("setup", {}).get("cpu_pinning")
+    current_round, round_fits, rounds, cpus_of = None, True, 0, {}
     for i, m in enumerate(measurements):
         point, system, server = points[m.point], plan.SYSTEMS[m.system], live[m.system]
         entry: dict[str, Any] = {**asdict(m), "status": "ok"}
@@ -202,6 +203,9 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
             current_round = (m.repeat, m.point)
             rest = [x for x in measurements[i:] if (x.repeat, x.point) == current_round]
             round_fits = time.monotonic() + sum(_expected_s(points[x.point]) for x in rest) <= deadline
+            if pinning and round_fits:
+                cpus_of = repin_servers(live, pinning, rounds)
+            rounds += 1
         if not server.alive():
             entry.update(status="failed", reason="server died earlier")
             report["systems"][m.system].update(status="crashed", reason="server died during the call",
@@ -217,13 +221,30 @@ def run_measurements(report: dict[str, Any], call: Call, live: dict[str, ServerP
         entry["started_at_s"] = round(time.monotonic() - report["_t0"], 1)
         entry["started_at_unix"] = round(time.time(), 3)  # to read the servers' logs and stall times against
         entry["trace_seed"] = plan.trace_seed(seed, m.repeat)
+        cpus = cpus_of.get(m.system)
+        if cpus:
+            entry["cpus"] = cpus
         try:
-            cpus = ((report.get("setup", {}).get("cpu_pinning") or {}).get("servers") or {}).get(m.system)
             entry.update(measure_one(server, system, point, names, entry["trace_seed"], clients, cpus))
         except Exception as e:  # a client failure is this measurement's, not the call's
             entry.update(status="failed", reason=f"{type(e).__name__}: {e}"[:2000])
         print(_line(m, entry), flush=True)
         write_json(json_path, _public(report))
+
+
+def repin_servers(live: dict[str, ServerProcess], pinning: dict[str, Any], round_index: int) -> dict[str, list[int]]:
+    """Every live server, with the processes it started, on its CPUs of round ``round_index``
+    (:func:`cpu_pinning.blocks_for_round`); those CPUs by server. A server that has ended keeps
+    none (its measurements fail as "server died")."""
+    placed = {}
+    for name, cpus in cpu_pinning.blocks_for_round(pinning, round_index).items():
+        if name in live and live[name].alive():
+            try:
+                cpu_pinning.repin(live[name].process.pid, cpus)
+            except ProcessLookupError:
+                continue
+            placed[name] = cpus
+    return placed
 
 
 def _line(m: Measurement, entry: dict[str, Any]) -> str:
