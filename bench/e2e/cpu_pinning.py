@@ -9,10 +9,10 @@ process's own affinity set: calls started side by side each under its own ``task
 the host between them.
 
 The blocks move one server along each round (:func:`blocks_for_round`, :func:`repin`): the
-host probe found this guest's CPUs running a fixed loop at speeds up to 1.9x apart within one
-measurement and a block slow for rounds in a row, and a server's unqueued prefill following its
-block's speed (docs/perf.md, "Each CPU's speed beside the server's"). Rotated, a slow block
-slows every system's rounds in turn instead of one system's.
+host probe found one server's CPUs running a fixed loop up to 1.5x apart within one
+measurement, the same block the slowest in two of three rounds, and a server's unqueued
+prefill following its block's speed (docs/perf.md, "Each CPU's speed beside the server's").
+Rotated, a slow block slows every system's rounds in turn instead of one system's.
 """
 
 from __future__ import annotations
