@@ -526,6 +526,50 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Each value's rank (1 for the smallest; tied values share their mean rank)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def probe_table(runs: Sequence[dict[str, Any]], min_measurements: int = 4) -> list[str]:
+    """Per call and point with the probe's loop time in at least ``min_measurements``
+    measurements: how closely the servers' unqueued prefills (:func:`unqueued_ttft`) followed
+    the loop's median on their CPUs, as a correlation over the measurements (Pearson's, and
+    Spearman's over ranks). A prefill without prefill graphs is bound by its server's host, so
+    where one server's CPUs ran slow its prefills should too; a correlation near zero would put
+    the slow rounds elsewhere."""
+    lines = []
+    for run in runs:
+        pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for m in run["measurements"]:
+            loop = (m.get("host_probe") or {}).get("loop_ms")
+            ttft = unqueued_ttft(m) if m.get("status") == "ok" else None
+            if loop and ttft is not None:
+                pairs[m["point"]].append((loop["median"], ttft))
+        for point, xy in sorted(pairs.items()):
+            loops, ttfts = [x for x, _ in xy], [y for _, y in xy]
+            if len(xy) < min_measurements or len(set(loops)) < 2 or len(set(ttfts)) < 2:
+                continue
+            pearson = statistics.correlation(loops, ttfts)
+            spearman = statistics.correlation(_ranks(loops), _ranks(ttfts))
+            lines.append(f"| {Path(run['_file']).stem} | {point} | {len(xy)} | {min(loops):.2f}-{max(loops):.2f} | "
+                         f"{min(ttfts):.1f}-{max(ttfts):.1f} | {pearson:.2f} | {spearman:.2f} |")
+    if not lines:
+        return []
+    return ["| call | point | measurements | fixed loop ms, median on the server's CPUs (min-max) | TTFT p10 ms "
+            "(min-max) | correlation | by ranks |", "|---|---|---|---|---|---|---|", *lines]
+
+
 def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per point, for ours and ATMM alone against csgmv and triton: in how many rounds the
     system's mean E2E was above the peer's, and in how many calls it was above over the call's
@@ -658,6 +702,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("Mean E2E above a peer's, by round and by call", above_table),
                          ("Against the LoRA-cost targets", target_table),
                          ("Each server on the host, and the GPU's clocks, by measurement", host_table),
+                         ("The unqueued prefill against its CPUs' speed, by call", probe_table),
                          ("The most requested adapter's requests and the others' (our client)", adapter_table),
                          ("Not measured", problems)):
         section = table(runs)

@@ -4,6 +4,7 @@ No server; milliseconds."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -377,3 +378,25 @@ def test_mean_e2e_above_a_peer_is_counted_by_round_and_by_call():
     lines = report.above_table([one, two])
     assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | two (1025 against 1000 ms) |"]
     assert report.above_table([_run("floor only", [_measurement("nolora", "sgl-mixed", 0, 800)])]) == []
+
+
+def test_the_probe_table_correlates_each_calls_unqueued_prefills_with_its_servers_cpu_speed():
+    def probed(system: str, repeat: int, loop: float | None, ttft: float) -> dict:
+        m = _measurement(system, "sgl-mixed", repeat, 1000) | {"per_request": {"ttft_ms": [ttft + i for i in range(20)]}}
+        return m | {"host_probe": {"loop_ms": {"median": loop}} if loop else {"error": "no samples"}}
+
+    # the prefill follows the loop exactly (TTFT p10 = 40 x loop + 2) but in one measurement
+    slow_cpus = [probed("nolora", 0, 1.8, 74.0), probed("csgmv", 0, 2.9, 118.0), probed("triton", 0, 2.0, 82.0),
+                 probed("unmerge_only", 0, 2.5, 102.0), probed("nolora", 1, 2.2, 70.0)]
+    lines = report.probe_table([_run("pinned", slow_cpus)])
+    assert lines[:2] == ["| call | point | measurements | fixed loop ms, median on the server's CPUs (min-max) | "
+                         "TTFT p10 ms (min-max) | correlation | by ranks |", "|---|---|---|---|---|---|---|"]
+    assert lines[2].startswith("| pinned | sgl-mixed | 5 | 1.80-2.90 | 72.0-120.0 | ")
+    pearson, spearman = (float(c) for c in lines[2].strip("| ").split(" | ")[-2:])
+    xs, ys = [1.8, 2.9, 2.0, 2.5, 2.2], [76.0, 120.0, 84.0, 104.0, 72.0]
+    assert pearson == pytest.approx(statistics.correlation(xs, ys), abs=0.005) and 0.8 < pearson < 1
+    assert spearman == pytest.approx(0.7, abs=0.005)  # ranks 1,5,2,4,3 against 2,5,3,4,1
+    # measurements without a probe (calls before it, or an error) count for nothing; under four, no row
+    assert report.probe_table([_run("few", slow_cpus[:3] + [probed("nolora", 2, None, 60.0)])]) == []
+    assert report.probe_table([_run("flat", [probed("nolora", r, 2.0, 70.0 + r) for r in range(5)])]) == []
+    assert report._ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
