@@ -526,6 +526,13 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
+def _table(header: Sequence[str], rows: list[str]) -> list[str]:
+    """A markdown table of ``rows`` under ``header``'s cells; nothing without rows."""
+    if not rows:
+        return []
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
+
+
 def _ranks(values: Sequence[float]) -> list[float]:
     """Each value's rank (1 for the smallest; tied values share their mean rank)."""
     order = sorted(range(len(values)), key=lambda i: values[i])
@@ -564,10 +571,8 @@ def probe_table(runs: Sequence[dict[str, Any]], min_measurements: int = 4) -> li
             spearman = statistics.correlation(_ranks(loops), _ranks(ttfts))
             lines.append(f"| {Path(run['_file']).stem} | {point} | {len(xy)} | {min(loops):.2f}-{max(loops):.2f} | "
                          f"{min(ttfts):.1f}-{max(ttfts):.1f} | {pearson:.2f} | {spearman:.2f} |")
-    if not lines:
-        return []
-    return ["| call | point | measurements | fixed loop ms, median on the server's CPUs (min-max) | TTFT p10 ms "
-            "(min-max) | correlation | by ranks |", "|---|---|---|---|---|---|---|", *lines]
+    return _table(("call", "point", "measurements", "fixed loop ms, median on the server's CPUs (min-max)",
+                   "TTFT p10 ms (min-max)", "correlation", "by ranks"), lines)
 
 
 def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
@@ -867,10 +872,8 @@ def target_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                 verdict = "held" if interval[1] < 0 else "missed" if interval[0] > 0 else "not decided"
             lines.append(f"| {point} | {system} | {peer} | {target:g}x | {len(rounds)} | {ratio_cell(rounds)} | "
                          f"{cell} | {verdict} |")
-    if not lines:
-        return []
-    return ["| point | system | peer | target | rounds | LoRA cost ratio | ours minus target x peer's, ms a round "
-            "(95% interval) | the target, by that interval |", "|---|---|---|---|---|---|---|---|", *lines]
+    return _table(("point", "system", "peer", "target", "rounds", "LoRA cost ratio",
+                   "ours minus target x peer's, ms a round (95% interval)", "the target, by that interval"), lines)
 
 
 def ratio_cell(rounds: Sequence[PairedRound]) -> str:
