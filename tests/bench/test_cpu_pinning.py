@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench import provenance, run_e2e
@@ -171,3 +172,21 @@ def test_each_round_the_harness_moves_the_live_servers_to_that_rounds_blocks(tmp
     finally:
         for proc in live.values():
             server_process.stop(proc, grace_s=5)
+
+
+@pytest.mark.skipif(len(OWN_CPUS) < 2, reason="moving a server needs a second CPU")
+def test_repin_moves_a_real_sglang_server_which_goes_on_serving_from_its_new_cpus(server):
+    """The shared test server (SGLang with the plugin: HTTP and tokenizer, scheduler and
+    detokenizer processes, dozens of threads) moved to one CPU and back."""
+    own = _threads_cpus(server.process.pid)
+    try:
+        moved = cpu_pinning.repin(server.process.pid, [OWN_CPUS[1]])
+        assert moved >= 3 and len(process_tree(server.process.pid)) >= 3
+        assert set(map(tuple, _threads_cpus(server.process.pid).values())) == {(OWN_CPUS[1],)}
+        response = httpx.post(server.url + "/generate", json={"text": "Count the cars.", "lora_path": "a8",
+                                                              "sampling_params": {"max_new_tokens": 2}}, timeout=120)
+        assert response.status_code == 200, response.text
+        # threads started for the request run where their process was moved
+        assert set(map(tuple, _threads_cpus(server.process.pid).values())) == {(OWN_CPUS[1],)}
+    finally:  # back where it was for the tests after this one, threads started meanwhile too
+        cpu_pinning.repin(server.process.pid, sorted({cpu for cpus in own.values() for cpu in cpus}))
