@@ -575,17 +575,25 @@ def probe_table(runs: Sequence[dict[str, Any]], min_measurements: int = 4) -> li
                    "TTFT p10 ms (min-max)", "correlation", "by ranks"), lines)
 
 
+def rotated(run: dict[str, Any]) -> bool:
+    """Whether ``run`` moved its servers' CPU blocks round by round (``--cpus-per-server`` since
+    the rotation): each system then meets a slow block in its turn, not one system for a call."""
+    return bool(((run.get("setup") or {}).get("cpu_pinning") or {}).get("rotation"))
+
+
 def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per point, for ours and ATMM alone against csgmv and triton: in how many rounds the
-    system's mean E2E was above the peer's, and in how many calls it was above over the call's
-    rounds taken together, naming those calls. The in-server speed issue's target is a mean
-    E2E never above either peer's in a run: one call is one run, a round a part of it."""
+    system's mean E2E was above the peer's, of them in calls whose CPU blocks rotated
+    (:func:`rotated`), and in how many calls it was above over the call's rounds taken
+    together, naming those calls. The in-server speed issue's target is a mean E2E never above
+    either peer's in a run: one call is one run, a round a part of it."""
     lines = []
     points = sorted({point for run in runs for point, _ in _measured_rounds(run)})
     for point in points:
         for system in ("vlora", "unmerge_only"):
             for peer in ("csgmv", "triton"):
                 rounds = above = calls = 0
+                rotated_rounds = rotated_above = 0
                 calls_above = []
                 for run in runs:
                     pairs = [(means[system], means[peer]) for _, means in round_means([run], point)
@@ -594,17 +602,19 @@ def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                         continue
                     rounds += len(pairs)
                     above += sum(ours > theirs for ours, theirs in pairs)
+                    if rotated(run):
+                        rotated_rounds += len(pairs)
+                        rotated_above += sum(ours > theirs for ours, theirs in pairs)
                     calls += 1
                     ours, theirs = (statistics.fmean(x) for x in zip(*pairs, strict=True))
                     if ours > theirs:
                         calls_above.append(f"{Path(run['_file']).stem} ({ours:.0f} against {theirs:.0f} ms)")
                 if rounds:
-                    lines.append(f"| {point} | {system} | {peer} | {above} of {rounds} | {len(calls_above)} of {calls} | "
-                                 f"{', '.join(calls_above) or '-'} |")
-    if not lines:
-        return []
-    return ["| point | system | peer | rounds above | calls above (over their rounds) | the calls above |",
-            "|---|---|---|---|---|---|", *lines]
+                    in_rotated = f"{rotated_above} of {rotated_rounds}" if rotated_rounds else "-"
+                    lines.append(f"| {point} | {system} | {peer} | {above} of {rounds} | {in_rotated} | "
+                                 f"{len(calls_above)} of {calls} | {', '.join(calls_above) or '-'} |")
+    return _table(("point", "system", "peer", "rounds above", "of them with the CPU blocks rotating",
+                   "calls above (over their rounds)", "the calls above"), lines)
 
 
 # A round whose inter-token latency has its 90th percentile above this many times its median had

@@ -376,8 +376,15 @@ def test_mean_e2e_above_a_peer_is_counted_by_round_and_by_call():
                        _measurement("unmerge_only", "sgl-mixed", 1, 950), _measurement("csgmv", "sgl-mixed", 1, 1000),
                        _measurement("unmerge_only", "sgl-mixed", 2, 990, status="failed")])
     lines = report.above_table([one, two])
-    assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | two (1025 against 1000 ms) |"]
+    assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | - | 1 of 2 | two (1025 against 1000 ms) |"]
     assert report.above_table([_run("floor only", [_measurement("nolora", "sgl-mixed", 0, 800)])]) == []
+    # the same second call with its CPU blocks rotating: its rounds are also counted apart
+    rotation = {"cpus_per_server": 3, "servers": {}, "client": [12], "rotation": "by round"}
+    turning = two | {"setup": {"cpu_pinning": rotation}}
+    fixed = one | {"setup": {"cpu_pinning": {k: v for k, v in rotation.items() if k != "rotation"}}}
+    assert report.above_table([fixed, turning])[2:] == [
+        "| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | 1 of 2 | two (1025 against 1000 ms) |"]
+    assert [report.rotated(r) for r in (one, fixed, turning)] == [False, False, True]
 
 
 def test_the_probe_table_correlates_each_calls_unqueued_prefills_with_its_servers_cpu_speed():
