@@ -519,11 +519,10 @@ def host_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                          f"{switches} | {_f(host['cpus_busy_share'], 2)} | {_f(host['cpus_steal_share'], 3)} | "
                          f"{loop_text} | {sm_text} | "
                          f"{_counts(reasons) if reasons else '-'} |")
-    if not lines:
-        return []
-    return ["| call | point | round | system | TTFT p10 ms | server CPU s | CPU s a second | involuntary "
-            "switches a second | its CPUs busy | stolen | fixed loop ms median (p90), slowest CPU | GPU SM MHz mean (min) | "
-            "clock-event reasons (samples) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
+    return _table(("call", "point", "round", "system", "TTFT p10 ms", "server CPU s", "CPU s a second",
+                   "involuntary switches a second", "its CPUs busy", "stolen",
+                   "fixed loop ms median (p90), slowest CPU", "GPU SM MHz mean (min)", "clock-event reasons (samples)"),
+                  lines)
 
 
 def _table(header: Sequence[str], rows: list[str]) -> list[str]:
@@ -600,11 +599,12 @@ def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                              if {system, peer} <= set(means)]
                     if not pairs:
                         continue
+                    rounds_above = sum(ours > theirs for ours, theirs in pairs)
                     rounds += len(pairs)
-                    above += sum(ours > theirs for ours, theirs in pairs)
+                    above += rounds_above
                     if rotated(run):
                         rotated_rounds += len(pairs)
-                        rotated_above += sum(ours > theirs for ours, theirs in pairs)
+                        rotated_above += rounds_above
                     calls += 1
                     ours, theirs = (statistics.fmean(x) for x in zip(*pairs, strict=True))
                     if ours > theirs:
