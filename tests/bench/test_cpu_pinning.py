@@ -118,7 +118,6 @@ def test_the_blocks_move_one_server_along_each_round():
         assert sorted(map(tuple, (rounds[r][name] for r in range(3)))) == [(0, 1), (2, 3), (4, 5)]
 
 
-
 def _threads_cpus(pid: int) -> dict[int, list[int]]:
     """Each thread's CPUs, over ``pid`` and the processes below it."""
     return {int(t.name): sorted(os.sched_getaffinity(int(t.name)))
