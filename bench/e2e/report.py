@@ -665,6 +665,57 @@ def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _cost_parts(m: dict[str, Any], floor: dict[str, Any]) -> dict[str, float] | None:
+    """``m``'s LoRA cost over ``floor`` (same round) in the parts of E2E = TTFT + (tokens - 1) x
+    TPOT, each request's (None where a part is missing or the outputs are one token): the first
+    token, the decode steps as run uninterrupted (the median inter-token time) and the rest of
+    the inter-token time: the gaps longer than a step, mostly the decode batch waiting for other
+    requests' prefills; and the unqueued prefill (:func:`unqueued_ttft`) over the floor's."""
+    parts = []
+    for x in (m, floor):
+        metrics, result = x["metrics"], x.get("sglang_result") or {}
+        tokens, completed = metrics.get("output_tokens"), metrics.get("completed")
+        tpot = (metrics.get("tpot_ms") or {}).get("mean")
+        if not tokens or not completed or tokens <= completed or tpot is None or not result.get("median_itl_ms"):
+            return None
+        steps = tokens / completed - 1
+        parts.append({"e2e": metrics["e2e_ms"]["mean"], "first": metrics["ttft_ms"]["mean"],
+                      "steps": steps * result["median_itl_ms"], "waits": steps * (tpot - result["median_itl_ms"]),
+                      "unqueued": unqueued_ttft(x)})
+    ours, base = parts
+    cost = {k: ours[k] - base[k] for k in ("e2e", "first", "steps", "waits")}
+    cost["unqueued"] = None if None in (ours["unqueued"], base["unqueued"]) else ours["unqueued"] - base["unqueued"]
+    return cost
+
+
+def cost_parts_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point and LoRA system, its LoRA cost a round split by :func:`_cost_parts`, mean over
+    the rounds with the floor. Why: at these loads a request decodes while others' prefills
+    run, and an eager prefill stops the decode batch for its whole length, so a prefill's extra
+    cost over the floor's is paid once by its own request (first token) and again by every
+    request decoding beside it (the waits); the last column is how many times over."""
+    rows: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
+    for run in runs:
+        for (point, _), by_system in _measured_rounds(run).items():
+            floor = by_system.get(plan.FLOOR)
+            for system, m in by_system.items():
+                if floor is not None and system != plan.FLOOR and (parts := _cost_parts(m, floor)) is not None:
+                    rows[point, system].append(parts)
+    lines = []
+    order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
+    for (point, system), costs in sorted(rows.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])):
+        mean = {k: statistics.fmean(c[k] for c in costs) for k in ("e2e", "first", "steps", "waits")}
+        unqueued = [c["unqueued"] for c in costs if c["unqueued"] is not None]
+        prefill = statistics.fmean(unqueued) if unqueued else None
+        prefill_cell = "-" if prefill is None else f"{prefill:+.1f}"
+        times = f"{mean['waits'] / prefill:.1f}" if prefill and prefill > 0 else "-"
+        lines.append(f"| {point} | {system} | {len(costs)} | {mean['e2e']:+.1f} | {mean['first']:+.1f} | "
+                     f"{mean['steps']:+.1f} | {mean['waits']:+.1f} | {prefill_cell} | {times} |")
+    return _table(("point", "system", "rounds", "LoRA cost ms a round", "of it: first token", "decode steps "
+                   "(median inter-token time)", "decode waiting for prefills (the rest)",
+                   "unqueued prefill over the floor's ms", "waits / unqueued prefill"), lines)
+
+
 def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
@@ -714,6 +765,8 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
+                         ("A LoRA cost in parts: first token, decode steps, decode waiting for prefills",
+                          cost_parts_table),
                          ("Mean E2E above a peer's, by round and by call", above_table),
                          ("Against the LoRA-cost targets", target_table),
                          ("Each server on the host, and the GPU's clocks, by measurement", host_table),

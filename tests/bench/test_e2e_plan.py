@@ -407,3 +407,23 @@ def test_the_probe_table_correlates_each_calls_unqueued_prefills_with_its_server
     assert report.probe_table([_run("few", slow_cpus[:3] + [probed("nolora", 2, None, 60.0)])]) == []
     assert report.probe_table([_run("flat", [probed("nolora", r, 2.0, 70.0 + r) for r in range(5)])]) == []
     assert report._ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_cost_parts_split_a_lora_cost_into_first_token_decode_steps_and_waits():
+    def timed(system: str, e2e: float, ttft: float, tpot: float, median_itl: float, first_ttft: float) -> dict:
+        m = _measurement(system, "sgl-mixed", 0, e2e)
+        m["metrics"] |= {"ttft_ms": {"mean": ttft}, "tpot_ms": {"mean": tpot}, "output_tokens": 6400, "completed": 100}
+        return m | {"sglang_result": {"median_itl_ms": median_itl},
+                    "per_request": {"ttft_ms": [first_ttft + i for i in range(20)]}}
+
+    # 64 tokens a request: E2E = TTFT + 63 x TPOT; the floor's steps 7 ms, ATMM's 7.5
+    floor = timed("nolora", 100 + 63 * 10, 100, 10, 7, 50)
+    atmm = timed("unmerge_only", 120 + 63 * 12, 120, 12, 7.5, 59)
+    lines = report.cost_parts_table([_run("one", [floor, atmm])])
+    assert lines[2] == "| sgl-mixed | unmerge_only | 1 | +146.0 | +20.0 | +31.5 | +94.5 | +9.0 | 10.5 |"
+    # one-token outputs have no decode to split, and a round without the floor no cost
+    one_token = {**atmm, "metrics": atmm["metrics"] | {"output_tokens": 100}}
+    assert report.cost_parts_table([_run("prefill", [floor, one_token])]) == []
+    assert report.cost_parts_table([_run("no floor", [atmm])]) == []
+    no_itl = {**atmm, "sglang_result": {}}
+    assert report.cost_parts_table([_run("our client", [floor, no_itl])]) == []
