@@ -635,6 +635,14 @@ def interrupted(measurement: dict[str, Any]) -> bool | None:
     return p90 > INTERRUPTED_P90_OVER_MEDIAN * median
 
 
+def _point_system_order(item: tuple[tuple[str, str], Any]) -> tuple[str, int, str]:
+    """Sort key of a ((point, system), value) item: by point, then systems in the plan's order
+    (systems it does not name last, by name)."""
+    (point, system), _ = item
+    order = SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER)
+    return point, order, system
+
+
 def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per point and system, how many rounds had their decode interrupted by prefills in more
     than one token gap in ten (:func:`interrupted`), and a LoRA system's mean cost over the floor
@@ -658,29 +666,29 @@ def interrupted_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         return []
     lines = [f"| point | system | rounds with inter-token p90 over {INTERRUPTED_P90_OVER_MEDIAN:g}x its median | "
              "LoRA cost ms a round, those rounds (n) | the other rounds (n) |", "|---|---|---|---|---|"]
-    order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
-    for (point, system), row in sorted(rows.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])):
+    for (point, system), row in sorted(rows.items(), key=_point_system_order):
         cells = [f"{statistics.fmean(costs):+.0f} ({len(costs)})" if costs else "-" for costs in row["costs"]]
         lines.append(f"| {point} | {system} | {row['tipped']} of {row['rounds']} | {cells[0]} | {cells[1]} |")
     return lines
 
 
 def _cost_parts(m: dict[str, Any], floor: dict[str, Any]) -> dict[str, float] | None:
-    """``m``'s LoRA cost over ``floor`` (same round) in the parts of E2E = TTFT + (tokens - 1) x
-    TPOT, each request's (None where a part is missing or the outputs are one token): the first
-    token, the decode steps as run uninterrupted (the median inter-token time) and the rest of
-    the inter-token time: the gaps longer than a step, mostly the decode batch waiting for other
-    requests' prefills; and the unqueued prefill (:func:`unqueued_ttft`) over the floor's."""
+    """``m``'s LoRA cost over ``floor`` (same round) in parts of the mean E2E (None where one is
+    missing or the outputs are one token): the first token (mean TTFT), the decode steps as
+    run uninterrupted (tokens - 1 times the median inter-token time) and the rest, which with
+    E2E = TTFT + (tokens - 1) x TPOT is the inter-token time beyond a step: mostly the decode
+    batch waiting for other requests' prefills (exact where every output has the same length,
+    as in the random-ids points). Also the unqueued prefill (:func:`unqueued_ttft`) over the
+    floor's."""
     parts = []
     for x in (m, floor):
         metrics, result = x["metrics"], x.get("sglang_result") or {}
         tokens, completed = metrics.get("output_tokens"), metrics.get("completed")
-        tpot = (metrics.get("tpot_ms") or {}).get("mean")
-        if not tokens or not completed or tokens <= completed or tpot is None or not result.get("median_itl_ms"):
+        first, step = (metrics.get("ttft_ms") or {}).get("mean"), result.get("median_itl_ms")
+        if not tokens or not completed or tokens <= completed or first is None or not step:
             return None
-        steps = tokens / completed - 1
-        parts.append({"e2e": metrics["e2e_ms"]["mean"], "first": metrics["ttft_ms"]["mean"],
-                      "steps": steps * result["median_itl_ms"], "waits": steps * (tpot - result["median_itl_ms"]),
+        e2e, steps = metrics["e2e_ms"]["mean"], (tokens / completed - 1) * step
+        parts.append({"e2e": e2e, "first": first, "steps": steps, "waits": e2e - first - steps,
                       "unqueued": unqueued_ttft(x)})
     ours, base = parts
     cost = {k: ours[k] - base[k] for k in ("e2e", "first", "steps", "waits")}
@@ -702,8 +710,7 @@ def cost_parts_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                 if floor is not None and system != plan.FLOOR and (parts := _cost_parts(m, floor)) is not None:
                     rows[point, system].append(parts)
     lines = []
-    order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
-    for (point, system), costs in sorted(rows.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])):
+    for (point, system), costs in sorted(rows.items(), key=_point_system_order):
         mean = {k: statistics.fmean(c[k] for c in costs) for k in ("e2e", "first", "steps", "waits")}
         unqueued = [c["unqueued"] for c in costs if c["unqueued"] is not None]
         prefill = statistics.fmean(unqueued) if unqueued else None

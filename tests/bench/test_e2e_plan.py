@@ -427,3 +427,9 @@ def test_cost_parts_split_a_lora_cost_into_first_token_decode_steps_and_waits():
     assert report.cost_parts_table([_run("no floor", [atmm])]) == []
     no_itl = {**atmm, "sglang_result": {}}
     assert report.cost_parts_table([_run("our client", [floor, no_itl])]) == []
+    no_ttft = {**atmm, "metrics": atmm["metrics"] | {"ttft_ms": {"mean": None}}}
+    assert report.cost_parts_table([_run("no first token", [floor, no_ttft])]) == []
+    # a system the plan does not name sorts after the plan's own
+    other = {**atmm, "system": "zz_other"}
+    rows = report.cost_parts_table([_run("two", [floor, other, atmm])])[2:]
+    assert [row.split(" | ")[1] for row in rows] == ["unmerge_only", "zz_other"]
