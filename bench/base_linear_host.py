@@ -20,7 +20,14 @@ with ``perf_counter_ns``, four ways:
 * ``atmm_in_gemm_op``: the same, through ``ops.lora_apply_static_in_gemm`` with the plan's key
   built at every call (the backend's path before it kept each module's call,
   ``ops.KeptInGemmCall``);
-* ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's).
+* ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's);
+* ``atmm_small_gemm``: the ``atmm`` backend's module call as the server runs unmerged eager
+  batches of at most ``--vlora-eager-small-gemm-max-tokens`` tokens on q/k/v and o: base GEMM,
+  shrink and expand in one kernel (``ops.KeptSmallGemmCall``; no ``F.linear`` call to time).
+
+Besides the base GEMM's call, each module call's whole host time is timed, and the GPU time
+of the q/k/v and o module calls of a forward, per way (one CUDA graph of the 28 layers' calls
+replayed: no host time in it).
 
 Every way's weights are those of the server with the shrink inside the GEMM: each q/k/v and o
 base weight is the head of a stack whose other rows are the pool's A rows.
@@ -43,7 +50,8 @@ sys.path.insert(0, str(REPO))
 
 HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
-WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora")
+WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora", "atmm_small_gemm")
+LORA_MODULES = ("qkv", "o")
 MODULES = ("qkv", "o", "gate_up", "down")
 
 
@@ -119,16 +127,25 @@ class Emulation:
                              f"({self.backend.eager_in_gemm_max_tokens})")
         self.timer = TimedLinear(torch.nn.functional.linear)
         self.times = self.timer.times
+        self.module_times: dict[str, list[float]] = {m: [] for m in MODULES}
 
     def _module(self, way: str, module: str, x, layer: dict):
+        """The module's call, timed on the host."""
+        began = time.perf_counter_ns()
+        out = self._module_call(way, module, x, layer)
+        self.module_times[module].append((time.perf_counter_ns() - began) / 1e3)
+        return out
+
+    def _module_call(self, way: str, module: str, x, layer: dict):
         """The module's base GEMM (timed) and, for q/k/v and o, its LoRA."""
         F = self.torch.nn.functional
         self.timer.module = module
         if module not in self.offsets:
             return F.linear(x, layer[module])
         a, b, offsets = layer[f"{module}_a"], layer[f"{module}_b"], self.offsets[module]
-        if way in ("atmm_in_gemm", "atmm_in_gemm_op"):
-            self.backend.eager_in_gemm_kept = way == "atmm_in_gemm"
+        if way in ("atmm_in_gemm", "atmm_in_gemm_op", "atmm_small_gemm"):
+            self.backend.eager_in_gemm_kept = way != "atmm_in_gemm_op"
+            self.backend.eager_small_gemm = way == "atmm_small_gemm"
             return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
         out = F.linear(x, layer[module], layer.get(f"{module}_bias"))
         if way == "atmm":
@@ -170,6 +187,36 @@ class Emulation:
             x = x + self._module(way, "down", F.silu(gate) * up, layer)
 
 
+    def lora_modules_gpu_us(self, way: str, replays: int = 20) -> float:
+        """GPU microseconds of the q/k/v and o module calls of one forward (28 layers), from a CUDA
+        graph of those calls alone replayed ``replays`` times."""
+        torch = self.torch
+        h, att = self._norm(self.x), self.x.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for layer in self.layers[:2]:  # warm the calls on this stream
+                self._module_call(way, "qkv", h, layer), self._module_call(way, "o", att, layer)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for layer in self.layers:
+                self._module_call(way, "qkv", h, layer)
+                self._module_call(way, "o", att, layer)
+        graph.replay()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) * 1e3 / replays
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
 def measure(rounds: int, tokens: int) -> dict[str, dict]:
     """Per way: median host microseconds of each module's base GEMM call, and the median
     host and wall milliseconds of a forward, over ``rounds`` rounds."""
@@ -179,11 +226,13 @@ def measure(rounds: int, tokens: int) -> dict[str, dict]:
         for _ in range(3):
             emu.forward(way)
     torch.cuda.synchronize()
-    per_way = {way: {"calls": {m: [] for m in MODULES}, "host_ms": [], "wall_ms": []} for way in WAYS}
+    per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES}, "host_ms": [],
+                     "wall_ms": []} for way in WAYS}
     for r in range(rounds):
         for way in WAYS[r % len(WAYS):] + WAYS[: r % len(WAYS)]:
             for m in MODULES:
                 emu.times[m].clear()
+                emu.module_times[m].clear()
             began = time.perf_counter()
             emu.forward(way)
             host = time.perf_counter() - began
@@ -194,10 +243,19 @@ def measure(rounds: int, tokens: int) -> dict[str, dict]:
             rec["wall_ms"].append(wall * 1e3)
             for m in MODULES:
                 rec["calls"][m].extend(emu.times[m])
-    return {way: {"linear_host_us": {m: round(statistics.median(v), 2) for m, v in rec["calls"].items()},
+                rec["modules"][m].extend(emu.module_times[m])
+    gpu = {way: round(statistics.median(emu.lora_modules_gpu_us(way) for _ in range(5)), 1)
+           for way in ("base", "atmm_in_gemm", "atmm_small_gemm")}
+    return {way: {"linear_host_us": {m: _median(v) for m, v in rec["calls"].items()},
+                  "module_host_us": {m: _median(v) for m, v in rec["modules"].items()},
                   "forward_host_ms": round(statistics.median(rec["host_ms"]), 2),
-                  "forward_wall_ms": round(statistics.median(rec["wall_ms"]), 2)}
+                  "forward_wall_ms": round(statistics.median(rec["wall_ms"]), 2),
+                  "qkv_o_gpu_us": gpu.get(way)}
             for way, rec in per_way.items()}
+
+
+def _cell(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.1f}"
 
 
 def main() -> None:
@@ -216,10 +274,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
     result = measure(args.rounds, args.tokens)
-    print(f"{'way':13} " + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms")
+    print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
+          + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
-        print(f"{way:13} " + " ".join(f"{row['linear_host_us'][m]:9.1f}" for m in MODULES)
-              + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}")
+        print(f"{way:16} " + " ".join(_cell(row["linear_host_us"][m], 9) for m in MODULES) + " | "
+              + " " * 16 + " ".join(_cell(row["module_host_us"][m], 9) for m in MODULES)
+              + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}  {_cell(row['qkv_o_gpu_us'], 14)}")
     if args.out is not None:
         from bench import provenance
 
@@ -227,8 +287,10 @@ def main() -> None:
                        f"Qwen2-VL-7B-shaped layers ({args.tokens} tokens), without LoRA, with the atmm backend's "
                        "eager module call after the q/k/v and o GEMMs, with its in-GEMM module call (the timed "
                        "GEMM over the weight extended by the A rows; kept per module, and through "
-                       "ops.lora_apply_static_in_gemm), and with the same LoRA as two torch matmuls; the ways "
-                       "take turns",
+                       "ops.lora_apply_static_in_gemm), with the same LoRA as two torch matmuls, and with base "
+                       "GEMM, shrink and expand in one kernel (ops.KeptSmallGemmCall, no F.linear call); the ways "
+                       "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
+                       "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5)",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
                "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])

@@ -19,7 +19,11 @@ Two batch layouts, one item builder:
   weight carries the pool's A rows (:mod:`sglang_vlora.in_gemm_weights`), eager batches of at
   most ``--vlora-eager-in-gemm-max-tokens`` tokens compute the shrink inside the base GEMM as
   graph batches do (with kept plans, each layer's ``ops.KeptInGemmCall``, kept for the batch's
-  token bound): one launch a module where the separate shrink takes two. The items as device
+  token bound): one launch a module where the separate shrink takes two. Unmerged eager batches
+  of at most ``--vlora-eager-small-gemm-max-tokens`` tokens (a new request's prefill beside a
+  decoding batch) run each such module as one kernel instead, base GEMM, shrink and expand
+  (``ops.KeptSmallGemmCall``): no torch GEMM call, whose host time is more than a direct
+  launch's, and one launch a module. The items as device
   :class:`WorkItems`, whose grids come from their host copies, are built only where a call
   needs them: SGLang's own LoRA path, a shape the table gives cuBLAS or the CUDA kernel,
   ``--vlora-atmm-impl`` other than auto/triton (or auto on a CPU, which runs the reference),
@@ -187,7 +191,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Batches prepared, by the layout they were written for (a graph batch is replayed
         # unless SGLang's runner then runs it eagerly, e.g. a prefill with images in it).
         self.batches_by_layout = {"eager": 0, "decode_graph": 0, "prefill_graph": 0, "eager_lora_gemm": 0,
-                                  "eager_in_gemm": 0, "eager_kept": 0}
+                                  "eager_in_gemm": 0, "eager_kept": 0, "eager_small_gemm": 0}
         # Eager batches of at most this many tokens compute the shrink inside the base GEMM too, on
         # the layers with the appended rows (one launch a module fewer); their items go into
         # static buffers allocated once, so the prepared expand launches serve every later batch.
@@ -202,6 +206,13 @@ class ATMMLoRABackend(BaseLoRABackend):
         # token bound (ops.kept_plan_tokens), by id(layer): rebuilt where the bound or the buffers
         # differ from the call's.
         self._in_gemm_calls: dict[int, ops.KeptInGemmCall] = {}
+        # Unmerged eager batches of at most this many tokens that run the in-GEMM calls run each
+        # such module as one kernel instead (base GEMM, shrink and expand: ops.KeptSmallGemmCall,
+        # kept per layer like the in-GEMM calls): no torch GEMM call, one launch a module.
+        self.eager_small_gemm_max_tokens = (cfg.eager_small_gemm_max_tokens if cfg is not None
+                                            else VLoRAConfig.eager_small_gemm_max_tokens)
+        self._small_gemm_calls: dict[int, ops.KeptSmallGemmCall] = {}
+        self.eager_small_gemm = False  # whether the prepared batch runs them
         self._eager_bound = 0
         self.eager_in_gemm_kept = False  # whether the prepared batch runs them (Triton's kernels do)
         # Whether eager batches' items go into the static buffers (eager_static) for every layer,
@@ -317,7 +328,7 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.batches_by_layout["eager" if graph is None else f"{graph}_graph"] += 1
         if graph is not None:
             self.gemm_items = None
-            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = False
+            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = self.eager_small_gemm = False
             items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
             self._count_work(items.num_items, "graph")
             if graph == "prefill":
@@ -348,18 +359,21 @@ class ATMMLoRABackend(BaseLoRABackend):
             host_items = mode_work_items(*item_args, device="cpu")
             self._count_work(host_items.num_items, "eager")
             self.eager_in_gemm = self.has_lora_work and in_gemm_fits
-            self.eager_in_gemm_kept = False
+            self.eager_in_gemm_kept = self.eager_small_gemm = False
             self.eager_kept = self.has_lora_work and self.kept_plans
             if self.has_lora_work:
                 self.eager_static = self._eager_static_items(num_tokens, paired=merged_slot is not None)
                 self.eager_static.fill(host_items, num_tokens, permutation, cover_to=num_tokens)
                 self._eager_bound = ops.kept_plan_tokens(num_tokens)
                 self.eager_in_gemm_kept = self.eager_in_gemm and self.kept_plans and self.triton_runs
+                self.eager_small_gemm = (self.eager_in_gemm_kept and merged_slot is None
+                                         and num_tokens <= self.eager_small_gemm_max_tokens)
                 self.batches_by_layout["eager_in_gemm"] += self.eager_in_gemm
+                self.batches_by_layout["eager_small_gemm"] += self.eager_small_gemm
                 self.batches_by_layout["eager_kept"] += self.eager_kept
             self._work_items, self._deferred_items = None, (item_args, permutation)
         else:
-            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = False
+            self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = self.eager_small_gemm = False
             self.work_items = self._device_items(item_args, permutation)
             self._count_work(self.work_items.num_items, "eager")
         self.batch_info = self._eager_batch_info(forward_batch, seq_lens, weight_indices, lora_ranks, scalings)
@@ -443,6 +457,8 @@ class ATMMLoRABackend(BaseLoRABackend):
                     if in_gemm:
                         gemm_rows = offsets[-1] + lora_a.shape[0] * lora_a.shape[1]
                         ops.compile_in_gemm(x, gemm_rows, offsets[-1], lora_b, static, list(offsets))
+                        if self.kept_plans and not paired and self.eager_small_gemm_max_tokens > 0:
+                            ops.compile_small_gemm(x, gemm_rows, gemm_bias, lora_a, lora_b, static, list(offsets))
             self._eager_compiles_done.add(key)
         self._eager_compiles_due.clear()
 
@@ -508,6 +524,14 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.eager_in_gemm_kept:
             fused = getattr(layer, in_gemm_weights.ATTR, None)
+            if fused is not None and self.eager_small_gemm:
+                small = self._small_gemm_calls.get(id(layer))
+                if small is None or not small.serves(fused.weight, lora_a, lora_b, self.eager_static, self._eager_bound):
+                    small = self._small_gemm_calls[id(layer)] = ops.KeptSmallGemmCall(
+                        fused.weight, fused.bias, fused.out_features, lora_a, lora_b, self.eager_static,
+                        [int(o) for o in offsets], self._eager_bound, self._kept_plans_dict())
+                with _profile_range("vlora.eager_lora"):
+                    return small(x)
             if fused is not None:
                 call = self._in_gemm_calls.get(id(layer))
                 if call is None or not call.serves(fused.weight, lora_b, self.eager_static, self._eager_bound):

@@ -25,6 +25,10 @@ LORA_GEMM = ("off", "on")
 # Largest --vlora-eager-in-gemm-max-tokens: the eager in-GEMM items keep a device entry per token
 # up to the limit, allocated at the first such batch; far past any prefill chunk SGLang runs.
 EAGER_IN_GEMM_TOKENS_CAP = 65536
+# Largest --vlora-eager-small-gemm-max-tokens: each program of that kernel recomputes its rows'
+# shrink and re-reads its weight tile per 16 rows; past a few hundred tokens the GPU's time
+# would outgrow the host time it saves.
+EAGER_SMALL_GEMM_TOKENS_CAP = 256
 POPULAR_WINDOW_CAP = 4096  # arrivals; a longer window would not follow a shift of popularity within minutes
 # Prepared ATMM launches go straight to the CUDA driver (atmm.driver_launch) unless this is
 # "0": Triton's launcher then runs them, for comparison (bench/layer_cost.py) or as a way out.
@@ -103,6 +107,10 @@ class VLoRAConfig:
     # GEMM as graph batches do, on the layers with the appended rows: one launch a module fewer
     # (an eager forward is bound by the host's launches). 0: eager batches keep their own shrink.
     eager_in_gemm_max_tokens: int = 1536
+    # Of those, unmerged eager batches of at most this many tokens run each such module's base
+    # GEMM, shrink and expand as one kernel (sglang_vlora.atmm.small_gemm): one launch a module,
+    # and no torch GEMM call's host time. 0: never.
+    eager_small_gemm_max_tokens: int = 64
     # Eager batches' LoRA inside ATMM's own base GEMM (ops.lora_apply_gemm): "on" for unmerged
     # eager batches of at least lora_gemm_min_tokens tokens, on layers with the appended-rows
     # stack (shrink_in_gemm), where the op supports the operands; "off" (default) never: on
@@ -137,6 +145,9 @@ class VLoRAConfig:
         if not 0 <= self.eager_in_gemm_max_tokens <= EAGER_IN_GEMM_TOKENS_CAP:
             raise ValueError(f"--vlora-eager-in-gemm-max-tokens must be between 0 and {EAGER_IN_GEMM_TOKENS_CAP}, "
                              f"got {self.eager_in_gemm_max_tokens}")
+        if not 0 <= self.eager_small_gemm_max_tokens <= EAGER_SMALL_GEMM_TOKENS_CAP:
+            raise ValueError(f"--vlora-eager-small-gemm-max-tokens must be between 0 and "
+                             f"{EAGER_SMALL_GEMM_TOKENS_CAP}, got {self.eager_small_gemm_max_tokens}")
         if self.lora_gemm not in LORA_GEMM:
             raise ValueError(f"--vlora-lora-gemm must be one of {LORA_GEMM}, got {self.lora_gemm!r}")
         if self.lora_gemm_min_tokens < 1:
@@ -176,6 +187,7 @@ class VLoRAConfig:
             max_image_pixels=args.vlora_max_image_pixels,
             shrink_in_gemm=args.vlora_shrink_in_gemm,
             eager_in_gemm_max_tokens=args.vlora_eager_in_gemm_max_tokens,
+            eager_small_gemm_max_tokens=args.vlora_eager_small_gemm_max_tokens,
             lora_gemm=args.vlora_lora_gemm,
             lora_gemm_min_tokens=args.vlora_lora_gemm_min_tokens,
         )
@@ -301,6 +313,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Eager batches of at most N tokens compute the LoRA shrink inside the base GEMM too, on the "
         "layers that have the appended rows of --vlora-shrink-in-gemm (one kernel launch a module fewer); "
         "0: eager batches run the shrink as its own kernel; at most 65536 (default 1536).",
+    )
+    group.add_argument(
+        "--vlora-eager-small-gemm-max-tokens",
+        type=int,
+        default=defaults.eager_small_gemm_max_tokens,
+        metavar="N",
+        help="Unmerged eager batches of at most N tokens (and at most --vlora-eager-in-gemm-max-tokens) run "
+        "each module with the appended rows as one kernel: base GEMM, LoRA shrink and expand (one launch a "
+        f"module instead of two; such forwards are bound by the host's launches); 0: never; at most "
+        f"{EAGER_SMALL_GEMM_TOKENS_CAP} (default 64).",
     )
     group.add_argument(
         "--vlora-lora-gemm",

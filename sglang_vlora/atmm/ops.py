@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, static_items
+from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, small_gemm, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -331,6 +331,59 @@ class KeptInGemmCall:
         return plan
 
 
+class KeptSmallGemmCall:
+    """One module's eager call for batches of a few tokens: base GEMM, shrink and expand in one
+    launch (:mod:`sglang_vlora.atmm.small_gemm`), by a plan prepared once per module shape and
+    token ``bound`` and kept in ``plans`` (every layer of the shape shares it). ``weight``: the
+    base weight, or one with rows appended after its ``out_features`` (the in-GEMM stack);
+    ``a_buffer`` and ``b_buffer`` the pool's. The backend keeps one per layer, as it does
+    :class:`KeptInGemmCall`, and asks :meth:`serves` before each batch's call."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, a_buffer: torch.Tensor,
+                 b_buffer: torch.Tensor, items: StaticWorkItems, slice_offsets: list[int], bound: int,
+                 plans: dict) -> None:
+        why = small_gemm.unsupported(weight, out_features, a_buffer, b_buffer, items, slice_offsets)
+        if why is not None:
+            raise ValueError(f"one launch cannot run this module: {why}")
+        self.weight, self.bias, self.out_features = weight, bias, out_features
+        self.a_buffer, self.b_buffer, self.items = a_buffer, b_buffer, items
+        self.slice_offsets, self.bound, self.plans = list(slice_offsets), bound, plans
+        self.plan: small_gemm.PreparedLaunch | None = None
+        self._key: tuple | None = None
+
+    def serves(self, weight: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
+               bound: int) -> bool:
+        """Whether this call runs a batch of ``bound`` over these buffers."""
+        return (weight is self.weight and a_buffer is self.a_buffer and b_buffer is self.b_buffer
+                and items is self.items and bound == self.bound)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.items.covered_to != x.shape[0] or x.shape[0] > self.bound:
+            raise ValueError(f"an eager batch of {x.shape[0]} tokens over items whose copy items reach position "
+                             f"{self.items.covered_to}, a call kept for {self.bound} tokens")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        output = torch.empty((x.shape[0], self.out_features), dtype=x.dtype, device=x.device)
+        lead = (x, self.weight, self.weight if self.bias is None else self.bias, self.a_buffer, self.b_buffer, output)
+        key = (x.dtype, x.stride())
+        if key != self._key:
+            self.plan, self._key = self._plan(x, output), key
+        if not self.plan.at(tuple(t.data_ptr() for t in lead), tuple(t.dtype for t in lead)):
+            self.plan(*lead)
+        return output
+
+    def _plan(self, x: torch.Tensor, output: torch.Tensor) -> small_gemm.PreparedLaunch:
+        a, b, w = self.a_buffer, self.b_buffer, self.weight
+        key = ("small_gemm", self.bound, self.items.packed.data_ptr(), x.dtype, x.stride(), tuple(w.shape),
+               w.stride(), self.bias is None, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
+               tuple(self.slice_offsets))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = small_gemm.prepare(x, w, self.bias, a, b, output, self.items,
+                                                        self.slice_offsets, self.bound)
+        return plan
+
+
 def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer: torch.Tensor,
                     items: StaticWorkItems, slice_offsets: list[int]) -> None:
     """Compile the in-GEMM expand of this module shape (``gemm_rows``: the extended weight's
@@ -342,6 +395,18 @@ def compile_in_gemm(x: torch.Tensor, gemm_rows: int, out_features: int, b_buffer
     inter, layout = in_gemm.split_output(y, out_features, b_buffer.shape[0])
     output = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
     _in_gemm_expand_plan(inter, b_buffer, items, tuple(slice_offsets), output, layout, x.shape[0])
+
+
+def compile_small_gemm(x: torch.Tensor, gemm_rows: int, has_bias: bool, a_buffer: torch.Tensor,
+                       b_buffer: torch.Tensor, items: StaticWorkItems, slice_offsets: list[int]) -> None:
+    """Compile the one-launch kernel of this module shape (:class:`KeptSmallGemmCall`; ``gemm_rows``:
+    the weight's rows, the base's and any appended), launching nothing."""
+    if _static_torch(x, "auto") or not _compiles_ahead_for(x):
+        return
+    weight = torch.empty((gemm_rows, x.shape[1]), dtype=x.dtype, device=x.device)
+    bias = torch.empty(gemm_rows, dtype=x.dtype, device=x.device) if has_bias else None
+    output = torch.empty((x.shape[0], slice_offsets[-1]), dtype=x.dtype, device=x.device)
+    small_gemm.launch(x, weight, bias, a_buffer, b_buffer, output, items, slice_offsets, compile_only=True)
 
 
 def _in_gemm_expand_plan(inter, b_buffer, items: StaticWorkItems, slice_offsets: tuple[int, ...], output,

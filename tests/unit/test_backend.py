@@ -340,7 +340,8 @@ def test_eager_in_gemm_calls_are_kept_per_layer_and_token_bound():
     slices = [12, 6, 6]
     a, b, w, bias, layer = stacked_layer(slices, seed=41)
     g = torch.Generator().manual_seed(42)
-    rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=64), controller=FakeController(None))
+    rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=64, eager_small_gemm_max_tokens=0),
+                      controller=FakeController(None))
     backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="triton",
                               runtime=rt)
     backend.shrink_in_gemm = True
@@ -348,7 +349,7 @@ def test_eager_in_gemm_calls_are_kept_per_layer_and_token_bound():
 
     def run(lens: list[int], slots: list[int]):
         backend.prepare_lora_batch(extend_batch(lens), slots, list(SLOTS_RANKS), list(SCALINGS), use_cuda_graph=False)
-        assert backend.eager_in_gemm_kept
+        assert backend.eager_in_gemm_kept and not backend.eager_small_gemm
         x = torch.randn(sum(lens), D_IN, generator=g)
         got = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
         token_slots = [s for n, s in zip(lens, slots, strict=True) for _ in range(n)]
@@ -363,6 +364,51 @@ def test_eager_in_gemm_calls_are_kept_per_layer_and_token_bound():
     with pytest.raises(ValueError, match="copy items reach position 20"):
         second(torch.randn(19, D_IN, generator=g))
     assert run([3, 2], [2, 1]) is not second  # back to 16: rebuilt (its plan comes from the kept ones)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the one-launch kernel is Triton's")
+def test_small_eager_batches_run_one_kernel_a_module():
+    """Unmerged eager batches of at most ``--vlora-eager-small-gemm-max-tokens`` tokens run a layer
+    with the appended rows as one kernel (``ops.KeptSmallGemmCall``: base GEMM, shrink and expand),
+    kept per layer and token bound; SGLang's base GEMM does not run. A mixture batch, a batch above
+    the limit and the limit 0 take the in-GEMM call. Every batch against fp64 with NaN past every rank."""
+    slices = [12, 6, 6]
+    a, b, w, bias, layer = stacked_layer(slices, seed=61)
+    g = torch.Generator().manual_seed(62)
+    offsets = tuple(reference(torch.zeros(1, D_IN), a, b, [0], slices)[1])
+
+    def backend_for(limit: int) -> tuple[ATMMLoRABackend, VLoRARuntime]:
+        rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=64, eager_small_gemm_max_tokens=limit),
+                          controller=FakeController(None))
+        backend = ATMMLoRABackend(max_loras_per_batch=len(SLOTS_RANKS), device=torch.device("cpu"), impl="triton",
+                                  runtime=rt)
+        backend.shrink_in_gemm = True
+        return backend, rt
+
+    def run(backend, requests, merged=None) -> None:
+        lens, slots = [n for n, _ in requests], [s for _, s in requests]
+        backend.prepare_lora_batch(extend_batch(lens), slots, list(SLOTS_RANKS), list(SCALINGS), use_cuda_graph=False)
+        x = torch.randn(sum(lens), D_IN, generator=g)
+        got = backend.forward_with_base(layer, x, lambda: pytest.fail("SGLang's base GEMM ran"), a, b, None, offsets)
+        token_slots = [s for n, s in requests for _ in range(n)]
+        expected = x.double() @ w.double().T + bias.double() + mode_reference(x, a, b, token_slots, slices, merged)[0]
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+    backend, rt = backend_for(16)
+    run(backend, [(5, 1), (2, 0), (4, 3), (3, 1)])  # 14 tokens, one adapter's requests apart (permuted)
+    first = backend._small_gemm_calls[id(layer)]
+    assert backend.eager_small_gemm and id(layer) not in backend._in_gemm_calls
+    run(backend, [(9, 2), (7, 3)])  # 16 tokens: the same bound, the same call
+    assert backend._small_gemm_calls[id(layer)] is first and first.bound == 16
+    run(backend, [(10, 2), (7, 3)])  # above the limit: the in-GEMM call
+    assert not backend.eager_small_gemm and backend.eager_in_gemm_kept and id(layer) in backend._in_gemm_calls
+    rt.controller = FakeController(2)
+    run(backend, [(4, 1), (3, 2), (2, 0)], merged=2)  # mixture: pairs, the in-GEMM call
+    assert not backend.eager_small_gemm and backend.eager_in_gemm_kept
+    assert backend.batches_by_layout["eager_small_gemm"] == 2
+    backend, _ = backend_for(0)
+    run(backend, [(5, 1)])
+    assert not backend.eager_small_gemm and not backend._small_gemm_calls
 
 
 # (label, merged slot, (tokens, slot) per request) of consecutive eager batches run by kept plans:
@@ -577,7 +623,8 @@ def test_prefill_graph_path_replays_any_batch_in_its_buckets(impl):
         assert static.packed.data_ptr() == buffers, "buffers reallocated"
 
     assert backend.batches_by_layout == {"eager": 0, "decode_graph": 0, "prefill_graph": 1 + len(PREFILL_REPLAYS),
-                                         "eager_lora_gemm": 0, "eager_in_gemm": 0, "eager_kept": 0}
+                                         "eager_lora_gemm": 0, "eager_in_gemm": 0, "eager_kept": 0,
+                                         "eager_small_gemm": 0}
     # A batch above the prefill graph's limits never reaches it (SGLang runs it eagerly): refused.
     with pytest.raises(RuntimeError, match="exceeds"):
         backend.prepare_lora_batch(extend_batch([PREFILL_TOKENS + 1]), [1], SLOTS_RANKS, SCALINGS, False, True)

@@ -76,8 +76,8 @@ def test_plugin_turns_on_lora_atmm_and_cpu_defaults():
         "policy": "vlora", "theta": None, "max_batch": None, "admission": "all",
         "keep_merged": "plurality", "popular_share": 0.5, "popular_window": 32,
         "cost_model": None, "max_image_pixels": 32 * 1024 * 1024,
-        "shrink_in_gemm": "auto", "eager_in_gemm_max_tokens": 1536, "lora_gemm": "off",
-        "lora_gemm_min_tokens": 1024,
+        "shrink_in_gemm": "auto", "eager_in_gemm_max_tokens": 1536, "eager_small_gemm_max_tokens": 64,
+        "lora_gemm": "off", "lora_gemm_min_tokens": 1024,
     }
     # This machine has no GPU: the CPU layer and defaults are on.
     assert result["cpu_engine_env"] == "1"
@@ -94,14 +94,15 @@ def test_explicit_flags_win_over_plugin_defaults():
     result = probe(
         ["--plugin", "vlora", "--vlora-policy", "manual", "--lora-backend", "triton", "--max-total-tokens", "4096",
          "--vlora-atmm-impl", "torch", "--vlora-max-image-pixels", "1000000", "--vlora-lora-gemm", "on",
-         "--vlora-lora-gemm-min-tokens", "4096", "--vlora-eager-in-gemm-max-tokens", "0", *BASE_ARGS]
+         "--vlora-lora-gemm-min-tokens", "4096", "--vlora-eager-in-gemm-max-tokens", "0",
+         "--vlora-eager-small-gemm-max-tokens", "16", *BASE_ARGS]
     )
     assert result["fields"]["lora_backend"] == "triton"
     assert result["fields"]["max_total_tokens"] == 4096
     config = json.loads(result["config_env"])
     assert (config["atmm_impl"], config["max_image_pixels"]) == ("torch", 1000000)
     assert (config["lora_gemm"], config["lora_gemm_min_tokens"]) == ("on", 4096)
-    assert config["eager_in_gemm_max_tokens"] == 0
+    assert (config["eager_in_gemm_max_tokens"], config["eager_small_gemm_max_tokens"]) == (0, 16)
 
 
 def test_atmm_without_plugin_is_refused():
@@ -169,6 +170,8 @@ def test_unknown_choice_is_refused_by_name(capsys, flag, value):
         ({"lora_gemm_min_tokens": 0}, "--vlora-lora-gemm-min-tokens must be"),
         ({"eager_in_gemm_max_tokens": -1}, "--vlora-eager-in-gemm-max-tokens must be between 0 and 65536"),
         ({"eager_in_gemm_max_tokens": 65537}, "--vlora-eager-in-gemm-max-tokens must be between 0 and 65536"),
+        ({"eager_small_gemm_max_tokens": -1}, "--vlora-eager-small-gemm-max-tokens must be between 0 and 256"),
+        ({"eager_small_gemm_max_tokens": 257}, "--vlora-eager-small-gemm-max-tokens must be between 0 and 256"),
     ],
 )
 def test_bad_orchestrator_options_are_refused(options, reason):
