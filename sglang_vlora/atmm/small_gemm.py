@@ -138,13 +138,14 @@ def _small_gemm_lora_kernel(
             k_mask = offs_k + k < K
             xt = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             wt = tl.load(w_ptrs, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+        # No branch on the rank in the loop (a rank-0 item's A loads are all masked): a branch
+        # keeps Triton from pipelining the loads, and the loop then waits on every tile.
+        if EVEN_K:
+            at = tl.load(a_ptrs, mask=r_mask[None, :], other=0.0)
+        else:
+            at = tl.load(a_ptrs, mask=r_mask[None, :] & k_mask[:, None], other=0.0)
         acc += tl.dot(xt, wt)
-        if rank > 0:
-            if EVEN_K:
-                at = tl.load(a_ptrs, mask=r_mask[None, :], other=0.0)
-            else:
-                at = tl.load(a_ptrs, mask=r_mask[None, :] & k_mask[:, None], other=0.0)
-            inter += tl.dot(xt, at)
+        inter += tl.dot(xt, at)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
