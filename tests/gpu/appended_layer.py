@@ -48,6 +48,19 @@ def reference(x: torch.Tensor, layer, pool_a: torch.Tensor, pool_b: torch.Tensor
     return ref
 
 
+def cuda_backend(**options):
+    """An ``atmm`` backend on the GPU with these ``VLoRAConfig`` options, four pool slots, the
+    layers' appended rows in use (as the server sets it once the stacks are attached)."""
+    from sglang_vlora.backend import ATMMLoRABackend
+    from sglang_vlora.config import VLoRAConfig
+    from sglang_vlora.runtime import VLoRARuntime
+
+    backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto",
+                              runtime=VLoRARuntime(VLoRAConfig(**options)))
+    backend.shrink_in_gemm = True
+    return backend
+
+
 def extend_batch(lens: list[int]) -> SimpleNamespace:
     """An extend (prefill) batch of requests of ``lens`` tokens, as the backend reads it."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode

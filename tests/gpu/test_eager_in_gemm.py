@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from tests.gpu.appended_layer import appended_qkv_layer, extend_batch, reference
+from tests.gpu.appended_layer import appended_qkv_layer, cuda_backend, extend_batch, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -38,22 +38,13 @@ def test_eager_batches_compute_the_shrink_in_the_base_gemm(monkeypatch):
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
 
     from sglang_vlora.atmm.fast_launch import PreparedLaunch
-    from sglang_vlora.backend import ATMMLoRABackend
-    from sglang_vlora.config import VLoRAConfig
     from sglang_vlora.in_gemm_weights import ATTR
-    from sglang_vlora.runtime import VLoRARuntime
 
     g = torch.Generator().manual_seed(0)
     layer, pool_a, pool_b = appended_qkv_layer(g)
     fused = getattr(layer, ATTR)
-
-    def backend_with(limit):
-        rt = VLoRARuntime(VLoRAConfig(eager_in_gemm_max_tokens=limit))
-        backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
-        backend.shrink_in_gemm = True
-        return backend
-
-    in_gemm, separate = backend_with(2048), backend_with(0)  # both batches under the limit
+    # Both batches under the in-GEMM limit, and above the one-kernel limit (64 tokens).
+    in_gemm, separate = cuda_backend(eager_in_gemm_max_tokens=2048), cuda_backend(eager_in_gemm_max_tokens=0)
     by_address = []
     at = PreparedLaunch.at
     monkeypatch.setattr(PreparedLaunch, "at", lambda self, *args: by_address.append(at(self, *args)) or by_address[-1])

@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from tests.gpu.appended_layer import appended_qkv_layer, extend_batch, reference
+from tests.gpu.appended_layer import appended_qkv_layer, cuda_backend, extend_batch, reference
 from tests.gpu.test_graph_modes import QKV, RANKS, SCALINGS, D  # the same q/k/v layer and pool
 
 pytestmark = pytest.mark.skipif(
@@ -44,22 +44,12 @@ def test_small_eager_batches_run_one_kernel_a_module():
     pytest.importorskip("sglang.srt.lora.backend.base_backend")
 
     from sglang_vlora.atmm import small_gemm
-    from sglang_vlora.backend import ATMMLoRABackend
-    from sglang_vlora.config import VLoRAConfig
     from sglang_vlora.in_gemm_weights import ATTR
-    from sglang_vlora.runtime import VLoRARuntime
 
     g = torch.Generator().manual_seed(0)
     layer, pool_a, pool_b = appended_qkv_layer(g)
     fused = getattr(layer, ATTR)
-
-    def backend_with(limit):
-        rt = VLoRARuntime(VLoRAConfig(eager_small_gemm_max_tokens=limit))
-        backend = ATMMLoRABackend(max_loras_per_batch=4, device=torch.device("cuda"), impl="auto", runtime=rt)
-        backend.shrink_in_gemm = True
-        return backend
-
-    small, in_gemm = backend_with(64), backend_with(0)
+    small, in_gemm = cuda_backend(eager_small_gemm_max_tokens=64), cuda_backend(eager_small_gemm_max_tokens=0)
     for round_, requests in enumerate([*BATCHES, BATCHES[0]]):
         lens = [n for n, _ in requests]
         x = torch.randn(sum(lens), D, generator=g).to("cuda", torch.bfloat16)
