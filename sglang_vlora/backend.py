@@ -62,7 +62,7 @@ from sglang.srt.lora.backend.base_backend import BaseLoRABackend
 from sglang.srt.lora.utils import LoRABatchInfo, generate_sequence_lengths
 
 from sglang_vlora import in_gemm_weights
-from sglang_vlora.atmm import gemm_lora, ops
+from sglang_vlora.atmm import gemm_lora, ops, small_gemm
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems, build_work_items, packed_to_device
 from sglang_vlora.config import NEVER_MERGES, VLoRAConfig
@@ -212,6 +212,9 @@ class ATMMLoRABackend(BaseLoRABackend):
         self.eager_small_gemm_max_tokens = (cfg.eager_small_gemm_max_tokens if cfg is not None
                                             else VLoRAConfig.eager_small_gemm_max_tokens)
         self._small_gemm_calls: dict[int, ops.KeptSmallGemmCall] = {}
+        # Per layer (by id), why the one kernel cannot run it (None: it can); decided once, a
+        # reason logged once. Such a layer keeps the in-GEMM call.
+        self._small_gemm_reasons: dict[int, str | None] = {}
         self.eager_small_gemm = False  # whether the prepared batch runs them
         self._eager_bound = 0
         self.eager_in_gemm_kept = False  # whether the prepared batch runs them (Triton's kernels do)
@@ -524,7 +527,8 @@ class ATMMLoRABackend(BaseLoRABackend):
             return super().forward_with_base(layer, x, base_fn, lora_a, lora_b, output_offset, offsets, **kwargs)
         if self.eager_in_gemm_kept:
             fused = getattr(layer, in_gemm_weights.ATTR, None)
-            if fused is not None and self.eager_small_gemm:
+            if fused is not None and self.eager_small_gemm and self._small_gemm_runs(layer, fused, lora_a, lora_b,
+                                                                                     offsets):
                 small = self._small_gemm_calls.get(id(layer))
                 if small is None or not small.serves(fused.weight, lora_a, lora_b, self.eager_static, self._eager_bound):
                     small = self._small_gemm_calls[id(layer)] = ops.KeptSmallGemmCall(
@@ -567,6 +571,19 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Eager: one call per module (SGLang's path is a shrink call and an expand call
         # through the layer's own wrapper, each paying the host cost of a lookup).
         return self._eager_apply(x, lora_a, lora_b, slice_offsets, base_fn())
+
+    def _small_gemm_runs(self, layer, fused, lora_a, lora_b, offsets) -> bool:
+        """Whether the one kernel of small eager batches runs this layer (decided at its first
+        such batch; a layer it cannot run keeps the in-GEMM call, and the reason is logged once)."""
+        key = id(layer)
+        if key not in self._small_gemm_reasons:
+            why = small_gemm.unsupported(fused.weight, fused.out_features, lora_a, lora_b, self.eager_static,
+                                         [int(o) for o in offsets])
+            if why is not None and why not in self._small_gemm_reasons.values():
+                logger.info("sglang-vlora: small eager batches keep the in-GEMM call on a %s module: %s",
+                            tuple(fused.weight.shape), why)
+            self._small_gemm_reasons[key] = why
+        return self._small_gemm_reasons[key] is None
 
     def _eager_apply(self, x, lora_a, lora_b, slice_offsets: list[int], output: torch.Tensor) -> torch.Tensor:
         """``output += LoRA`` of an eager batch: by the kept plans over the static items where they

@@ -168,6 +168,8 @@ def unsupported(weight: torch.Tensor, out_features: int, a_buffer: torch.Tensor,
                 items: StaticWorkItems, slice_offsets: list[int] | tuple[int, ...]) -> str | None:
     """Why one launch cannot run this module over ``items``, or None where it can."""
     num_slices = len(slice_offsets) - 1
+    if weight.is_cuda and weight.dtype not in (torch.bfloat16, torch.float16):
+        return f"{weight.dtype} weights (Triton's dot would run the base GEMM in TF32)"
     if not 1 <= num_slices <= MAX_SLICES:
         return f"{num_slices} slices (1 to {MAX_SLICES} are supported)"
     if not items.covers_tokens:

@@ -410,6 +410,18 @@ def test_small_eager_batches_run_one_kernel_a_module():
     run(backend, [(5, 1)])
     assert not backend.eager_small_gemm and not backend._small_gemm_calls
 
+    # A layer the kernel cannot run (its stacked weight stored column by column: the kernel reads
+    # rows) keeps the in-GEMM call, whose torch GEMM takes any strides; the reason is kept per layer.
+    from sglang_vlora.in_gemm_weights import ATTR, InGemmWeights
+
+    fused = getattr(layer, ATTR)
+    layer = SimpleNamespace(**{ATTR: InGemmWeights(weight=fused.weight.t().contiguous().t(), bias=fused.bias,
+                                                   out_features=fused.out_features)})
+    backend, _ = backend_for(16)
+    run(backend, [(5, 1), (4, 3)])
+    assert backend.eager_small_gemm and id(layer) in backend._in_gemm_calls and not backend._small_gemm_calls
+    assert "not contiguous" in backend._small_gemm_reasons[id(layer)]
+
 
 # (label, merged slot, (tokens, slot) per request) of consecutive eager batches run by kept plans:
 # token counts that share a bound (ops.kept_plan_tokens), and one past the eager buffers' first size
