@@ -36,6 +36,9 @@ from sglang_vlora.atmm.triton_kernels import _find_tile, _row_tiles, _tile_rows
 
 BLOCK_M = 16  # a tile of rows of one item; the batches this serves have a few tokens per request
 MAX_SLICES = 3
+# The largest pool max rank it runs: each pipeline stage holds an A tile of the max rank's rows, so
+# past 64 the stages outgrow the shared memory of GPUs smaller than Hopper's (the in-GEMM call runs those).
+MAX_RANK = 64
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,8 @@ def unsupported(weight: torch.Tensor, out_features: int, a_buffer: torch.Tensor,
         return f"A {tuple(a_buffer.shape)} and B {tuple(b_buffer.shape)} over a weight of {weight.shape[1]} inputs"
     if b_buffer.shape[1] < out_features or a_buffer.shape[1] < num_slices * b_buffer.shape[2]:
         return f"A {tuple(a_buffer.shape)} and B {tuple(b_buffer.shape)} for {num_slices} slices"
+    if b_buffer.shape[2] > MAX_RANK:
+        return f"pool max rank {b_buffer.shape[2]} above {MAX_RANK}"
     if weight.stride(1) != 1 or a_buffer.stride(2) != 1 or b_buffer.stride(2) != 1:
         return "a weight, A or B whose last dimension is not contiguous"
     return None

@@ -121,6 +121,9 @@ def test_refuses_what_it_cannot_run() -> None:
     assert "slices" in small_gemm.unsupported(w_ext, n, a, b, ok, [0, 16, 32, 48, n])
     assert "inputs" in small_gemm.unsupported(w_ext[:, :-1], n, a, b, ok, OFFSETS)
     assert "for 3 slices" in small_gemm.unsupported(w_ext, n, a[:, :40], b, ok, OFFSETS)
+    wide = torch.zeros(len(RANKS), n, 2 * small_gemm.MAX_RANK)  # a pool of max rank 128
+    assert "max rank 128" in small_gemm.unsupported(w_ext, n, torch.zeros(len(RANKS), 3 * 128, D_IN), wide, ok,
+                                                    OFFSETS)
     with pytest.raises(ValueError, match="cover every token"):
         ops.KeptSmallGemmCall(w_ext, bias, n, a, b, plain, OFFSETS, 8, {})
     with pytest.raises(ValueError, match="contiguous rows"):
