@@ -32,7 +32,7 @@ import triton.language as tl
 
 from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.triton_kernels import _find_tile, _row_tiles, _tile_rows
+from sglang_vlora.atmm.triton_kernels import _cap, _find_tile, _row_tiles, _tile_rows
 
 BLOCK_M = 16  # a tile of rows of one item; the batches this serves have a few tokens per request
 MAX_SLICES = 3
@@ -214,7 +214,7 @@ def _call(x, weight, bias, a_buffer, b_buffer, out, items: StaticWorkItems, slic
         b_buffer.stride(1), out.stride(0), bound, n_items,
     )  # fmt: skip
     constexprs = {
-        "CAP": max(16, 1 << (n_items - 1).bit_length()),
+        "CAP": _cap(n_items),
         "NUM_SLICES": len(slice_offsets) - 1,
         "HAS_BIAS": bias is not None,
         "EVEN_K": x.shape[1] % config.block_k == 0,
