@@ -190,6 +190,8 @@ def common_prefix_diffs(a, b):
 first = generate("graph")
 ref = [first[len(ADAPTERS) * (j // len(ADAPTERS))]["tokens"] for j in range(len(PROMPTS))]
 runs = {}
+
+
 def flush_cache(server):
     """Empty the radix cache: every phase then prefills its prompts whole, as the first did.
     With the prompts cached, a later phase's prefill is a few tokens, which the server without

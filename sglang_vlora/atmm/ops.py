@@ -349,7 +349,8 @@ class KeptSmallGemmCall:
         self.a_buffer, self.b_buffer, self.items = a_buffer, b_buffer, items
         self.slice_offsets, self.bound, self.plans = list(slice_offsets), bound, plans
         self.plan: small_gemm.PreparedLaunch | None = None
-        self._key: tuple | None = None
+        self._key: tuple | None = None  # x's dtype and strides the plan was taken for
+        self._dtypes: tuple[torch.dtype, ...] = ()  # the leading tensors' dtypes under that key
 
     def serves(self, weight: torch.Tensor, a_buffer: torch.Tensor, b_buffer: torch.Tensor, items: StaticWorkItems,
                bound: int) -> bool:
@@ -368,7 +369,8 @@ class KeptSmallGemmCall:
         key = (x.dtype, x.stride())
         if key != self._key:
             self.plan, self._key = self._plan(x, output), key
-        if not self.plan.at(tuple(t.data_ptr() for t in lead), tuple(t.dtype for t in lead)):
+            self._dtypes = tuple(t.dtype for t in lead)
+        if not self.plan.at(tuple(t.data_ptr() for t in lead), self._dtypes):
             self.plan(*lead)
         return output
 

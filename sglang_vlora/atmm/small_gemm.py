@@ -32,7 +32,7 @@ import triton.language as tl
 
 from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch
 from sglang_vlora.atmm.static_items import StaticWorkItems
-from sglang_vlora.atmm.triton_kernels import _cap, _find_tile, _row_tiles, _tile_rows
+from sglang_vlora.atmm.triton_kernels import _cap, _find_tile, _launch, _row_tiles, _tile_rows
 
 BLOCK_M = 16  # a tile of rows of one item; the batches this serves have a few tokens per request
 MAX_SLICES = 3
@@ -236,10 +236,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a_b
     reach past it. ``compile_only``: compile the kernel, launch nothing."""
     grid, args, constexprs = _call(x, weight, bias, a_buffer, b_buffer, out, items, slice_offsets,
                                    x.shape[0] if bound is None else bound, config)
-    if compile_only:
-        _LAUNCHER.fn.warmup(*args, **constexprs, num_warps=config.num_warps, num_stages=config.num_stages, grid=grid)
-        return
-    _LAUNCHER(grid, args, constexprs, config.num_warps, config.num_stages)
+    _launch(_LAUNCHER, grid, args, constexprs, config, compile_only)
 
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a_buffer: torch.Tensor,
