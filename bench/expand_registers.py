@@ -96,14 +96,31 @@ def expand_launch(cfg: ExpandConfig, widths: list[int], max_rank: int, slots: in
     return args, constexprs
 
 
+def bundled_ptxas() -> str | None:
+    """The ptxas Triton compiles with (its Linux x86-64 wheels bundle one), or None."""
+    try:
+        path = triton.knobs.nvidia.ptxas.path
+    except (AttributeError, RuntimeError, FileNotFoundError):
+        return None
+    return path if path and os.path.isfile(path) else None
+
+
 def compile_sm90(fn, args: tuple, constexprs: dict, num_warps: int, num_stages: int) -> tuple[str, str]:
-    """Compile ``fn`` for sm_90 as a launch with these arguments would (Triton's binder makes the
-    specialisation); returns ``(ptx, ptxas log)``."""
+    """Compile ``fn`` for sm_90 as a launch with these arguments would; returns ``(ptx, ptxas log)``."""
+    kernel, log = compile_for(fn, args, constexprs, num_warps, num_stages, TARGET)
+    return kernel.asm["ptx"], log
+
+
+def compile_for(fn, args: tuple, constexprs: dict, num_warps: int, num_stages: int,
+                target: tuple[str, int, int]) -> tuple[object, str]:
+    """Compile ``fn`` for ``target`` (backend, compute capability, warp size) as a launch with
+    these arguments would (Triton's binder makes the specialisation); returns ``(compiled
+    kernel, ptxas log)``."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    target = GPUTarget(*TARGET)
+    target = GPUTarget(*target)
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages}
@@ -116,7 +133,7 @@ def compile_sm90(fn, args: tuple, constexprs: dict, num_warps: int, num_stages: 
         triton.knobs.nvidia.dump_ptxas_log = True
         triton.knobs.compilation.always_compile = True
         kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=target, options=options.__dict__)
-    return kernel.asm["ptx"], log.getvalue()
+    return kernel, log.getvalue()
 
 
 def ptxas_counts(log: str) -> dict[str, int]:

@@ -36,8 +36,10 @@ from sglang_vlora.atmm.triton_kernels import _cap, _find_tile, _launch, _row_til
 
 BLOCK_M = 16  # a tile of rows of one item; the batches this serves have a few tokens per request
 MAX_SLICES = 3
-# The largest pool max rank it runs: each pipeline stage holds an A tile of the max rank's rows, so
-# past 64 the stages outgrow the shared memory of GPUs smaller than Hopper's (the in-GEMM call runs those).
+# The largest pool max rank it runs. Each pipeline stage holds an A tile of the max rank's rows and
+# every program reads its item's A slice whole, so shared memory and GPU time grow with the rank
+# (54 KB at 64, 78 KB at 128 for sm_80-90: bench/small_gemm_resources.py); only up to 64 was timed
+# on a GPU. The in-GEMM call runs larger ranks.
 MAX_RANK = 64
 
 

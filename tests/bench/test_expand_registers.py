@@ -16,18 +16,8 @@ from bench import expand_registers
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _bundled_ptxas() -> str | None:
-    import triton
-
-    try:
-        path = triton.knobs.nvidia.ptxas.path
-    except (AttributeError, RuntimeError, FileNotFoundError):
-        return None
-    return path if path and os.path.isfile(path) else None
-
-
 def test_one_config_compiles_for_sm90_without_a_gpu(tmp_path) -> None:
-    if _bundled_ptxas() is None:
+    if expand_registers.bundled_ptxas() is None:
         pytest.skip("no ptxas for this Triton (it bundles one in its Linux x86-64 wheels): nothing to compile with")
     out = tmp_path / "regs.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not interpret
