@@ -34,6 +34,12 @@ base weight is the head of a stack whose other rows are the pool's A rows.
 
 One forward of each way per round, the order rotated each round, so that a slow spell of the
 host (``bench/host_speed.py``) hits every way alike. Prints a table, writes JSON.
+
+``--sync-before MODULE ...`` waits for the GPU (``torch.cuda.synchronize()``, untimed in the
+module's call, inside the forward's host time) before each call of those modules: a call that
+is slower after one way's kernels only while the GPU still has work queued gets as fast as the
+floor's with it, one slowed by the host's own state does not. It separates the two causes of
+the gate/up call's extra host time after the one-kernel way (docs/perf.md).
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class TimedLinear:
 class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int, sync_before: tuple[str, ...] = ()) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -128,9 +134,12 @@ class Emulation:
         self.timer = TimedLinear(torch.nn.functional.linear)
         self.times = self.timer.times
         self.module_times: dict[str, list[float]] = {m: [] for m in MODULES}
+        self.sync_before = sync_before
 
     def _module(self, way: str, module: str, x, layer: dict):
-        """The module's call, timed on the host."""
+        """The module's call, timed on the host (after the GPU's queue drained, for ``sync_before``'s)."""
+        if module in self.sync_before:
+            self.torch.cuda.synchronize()
         began = time.perf_counter_ns()
         out = self._module_call(way, module, x, layer)
         self.module_times[module].append((time.perf_counter_ns() - began) / 1e3)
@@ -217,10 +226,10 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def measure(rounds: int, tokens: int) -> dict[str, dict]:
+def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = ()) -> dict[str, dict]:
     """Per way: median host microseconds of each module's base GEMM call, and the median
     host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation(tokens)
+    emu = Emulation(tokens, sync_before)
     torch = emu.torch
     for way in WAYS:  # compile and warm every path
         for _ in range(3):
@@ -264,6 +273,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024, help="tokens of the prefill (at most the eager in-GEMM limit)")
     ap.add_argument("--out", type=Path, default=None, help="write OUT/TAG.json")
     ap.add_argument("--tag", default="base_linear_host")
+    ap.add_argument("--sync-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
+                    help=f"wait for the GPU before each call of these modules ({', '.join(MODULES)})")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -273,7 +284,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
-    result = measure(args.rounds, args.tokens)
+    result = measure(args.rounds, args.tokens, tuple(args.sync_before))
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
@@ -292,7 +303,7 @@ def main() -> None:
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
                        "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5)",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
-               "ways": result}
+               "sync_before": args.sync_before, "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")
 

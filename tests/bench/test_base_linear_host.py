@@ -32,3 +32,8 @@ def test_without_a_gpu_it_says_so() -> None:
 def test_no_tokens_is_refused() -> None:
     proc = _run("--tokens", "0")
     assert proc.returncode == 2 and "--tokens must be at least 1" in proc.stderr
+
+
+def test_an_unknown_module_to_sync_before_is_refused() -> None:
+    proc = _run("--sync-before", "gate")
+    assert proc.returncode == 2 and "invalid choice: 'gate'" in proc.stderr
