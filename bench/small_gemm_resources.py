@@ -12,8 +12,8 @@ registers and spill bytes from ptxas's log.
 
 Why: the kernel holds an A tile of the pool's max rank in every pipeline stage, so its shared
 memory grows with the rank; ``small_gemm.MAX_RANK`` caps what the server runs through it. A rank
-above that cap is compiled as the kernel would be with the cap raised (what it would need, not
-what the server runs).
+above that cap is compiled as the kernel would be with the cap raised (``small_gemm.launch_args``,
+which does not apply the cap: what it would need, not what the server runs).
 """
 
 from __future__ import annotations
@@ -52,12 +52,8 @@ def small_gemm_launch(widths: tuple[int, ...], has_bias: bool, max_rank: int) ->
     b_buffer = torch.empty(SLOTS, n, max_rank, **meta)
     output = torch.empty(TOKENS, n, **meta)
     items = StaticWorkItems.allocate(capacity=8, max_tokens=TOKENS, num_slots=SLOTS, device="cpu", covers_tokens=True)
-    cap, small_gemm.MAX_RANK = small_gemm.MAX_RANK, max(small_gemm.MAX_RANK, max_rank)
-    try:
-        _, args, constexprs = small_gemm._call(x, weight, bias, a_buffer, b_buffer, output, items, offsets, TOKENS,
-                                               small_gemm.CONFIG)
-    finally:
-        small_gemm.MAX_RANK = cap
+    _, args, constexprs = small_gemm.launch_args(x, weight, bias, a_buffer, b_buffer, output, items, offsets, TOKENS,
+                                                 small_gemm.CONFIG)
     return tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args), constexprs
 
 

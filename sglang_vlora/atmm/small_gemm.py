@@ -199,6 +199,13 @@ def _call(x, weight, bias, a_buffer, b_buffer, out, items: StaticWorkItems, slic
     why = unsupported(weight, out.shape[1], a_buffer, b_buffer, items, slice_offsets)
     if why is not None:
         raise ValueError(f"one launch cannot run this module: {why}")
+    return launch_args(x, weight, bias, a_buffer, b_buffer, out, items, slice_offsets, bound, config)
+
+
+def launch_args(x, weight, bias, a_buffer, b_buffer, out, items: StaticWorkItems, slice_offsets, bound: int,
+                config: SmallGemmConfig) -> tuple:
+    """``(grid, args, constexprs)`` of the launch, for operands :func:`unsupported` accepts (it is
+    not asked here: ``bench/small_gemm_resources.py`` also builds launches past ``MAX_RANK``)."""
     if x.dim() != 2 or x.stride(1) != 1 or out.stride(1) != 1 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and output {tuple(out.shape)} need contiguous rows over "
                          f"{weight.shape[1]} inputs")
