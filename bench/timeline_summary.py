@@ -13,7 +13,14 @@ puts the iterations of every measurement side by side:
 - prefills: per mode and prompt-token band, the 25th percentile, median and 75th percentile ms
   (an eager prefill is bound by the host, whose speed moves in episodes of seconds: the 25th
   percentile is what a prefill costs outside them);
-- per measurement: iterations per mode, seconds busy, and whether the timeline is complete.
+- per measurement: iterations per mode, seconds busy, and whether the timeline is complete;
+  and what its merged and mixture iterations cost against unmerged ones of the same shape: each
+  such iteration counts its mode's median less the unmerged median at its decode batch size or
+  prompt band, both from the call's iterations (iterations of a shape that never ran unmerged are
+  left out), next to how many runs of consecutive mixture iterations it had. Mixture saves the
+  two switches that unmerging for such a run and merging again after would take, so its extra
+  time a run is what to weigh against a switch pair (``switch_seconds_total`` over ``switches``
+  in the results' ``orchestrator`` record).
 
 The rows are the orchestrator's own timings (docs/orchestrator.md, "Accounting"), so a server
 without one (the floor, SGLang's backends) has none: compare modes with each other here, and
@@ -98,23 +105,54 @@ def _histograms(prefills: dict[int, list[float]]) -> dict[str, dict[str, int]]:
             for edge, v in sorted(prefills.items())}
 
 
+def _shape(tokens: int, requests: int) -> tuple[str, int]:
+    """What an iteration is compared by: its prompt band's edge if it prefilled, else its decode batch."""
+    return ("prefill", band_edge(tokens)) if tokens else ("decode", requests)
+
+
+def _over_unmerged(rows: list[tuple[str, int, int, float]], medians: dict[tuple[str, tuple[str, int]], float]
+                   ) -> dict[str, dict[str, float]]:
+    """Per mode other than unmerge: the iterations compared and the sum of their mode's median
+    less the unmerged median at the same shape, ms."""
+    out: dict[str, dict[str, float]] = {}
+    for mode, tokens, requests, _ in rows:
+        shape = _shape(tokens, requests)
+        if mode == "unmerge" or ("unmerge", shape) not in medians:
+            continue
+        entry = out.setdefault(mode, {"iterations": 0, "ms": 0.0})
+        entry["iterations"] += 1
+        entry["ms"] += medians[mode, shape] - medians["unmerge", shape]
+    return {mode: {"iterations": v["iterations"], "ms": round(v["ms"], 1)} for mode, v in sorted(out.items())}
+
+
+def _runs_of(mode: str, rows: list[tuple[str, int, int, float]]) -> int:
+    """How many runs of consecutive ``mode`` iterations the timeline holds."""
+    return sum(1 for i, row in enumerate(rows) if row[0] == mode and (i == 0 or rows[i - 1][0] != mode))
+
+
 def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """Decode steps by mode and batch size, prefills by mode and band, and per measurement its
     iterations per mode, its decode steps' median and its prefills by band (any mode), with
-    their histogram; ms."""
+    their histogram, and its merged and mixture iterations against unmerged ones; ms."""
     decode: dict[tuple[str, int], list[float]] = defaultdict(list)
     prefill: dict[tuple[int, str], list[float]] = defaultdict(list)
-    measurements = []
-    for measurement, timeline in measured:
-        rows = _iterations(timeline)
-        steps = [ms for _, tokens, _, ms in rows if not tokens]
-        own_prefills: dict[int, list[float]] = defaultdict(list)
+    by_shape: dict[tuple[str, tuple[str, int]], list[float]] = defaultdict(list)
+    read = [(measurement, timeline, _iterations(timeline)) for measurement, timeline in measured]
+    for _, _, rows in read:
         for mode, tokens, requests, ms in rows:
             if tokens:
                 prefill[band_edge(tokens), mode].append(ms)
-                own_prefills[band_edge(tokens)].append(ms)
             else:
                 decode[mode, requests].append(ms)
+            by_shape[mode, _shape(tokens, requests)].append(ms)
+    medians = {key: statistics.median(v) for key, v in by_shape.items()}
+    measurements = []
+    for measurement, timeline, rows in read:
+        steps = [ms for _, tokens, _, ms in rows if not tokens]
+        own_prefills: dict[int, list[float]] = defaultdict(list)
+        for _, tokens, _, ms in rows:
+            if tokens:
+                own_prefills[band_edge(tokens)].append(ms)
         measurements.append({
             "system": measurement["system"], "point": measurement["point"], "repeat": measurement.get("repeat"),
             "trace_seed": measurement.get("trace_seed"), "complete": timeline.get("complete"),
@@ -124,6 +162,8 @@ def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str
             "decode_step_median_ms": round(statistics.median(steps), 3) if steps else None,
             "prefill_ms_by_band": _by_band(own_prefills),
             "prefill_histogram_ms": _histograms(own_prefills),
+            "over_unmerged_ms": _over_unmerged(rows, medians),
+            "mixture_runs": _runs_of("mixture", rows),
         })
     return {
         "decode_steps": [{"mode": mode, "decode_requests": n, "steps": len(v), "median_ms": round(statistics.median(v), 3)}
@@ -154,6 +194,14 @@ def markdown(calls: list[dict[str, Any]]) -> list[str]:
         lines += ["", "| prefill tokens | mode | prefills | p25 ms | median ms | p75 ms |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['tokens']} | {r['mode']} | {r['prefills']} | {r['p25']:.1f} | {r['median']:.1f} | {r['p75']:.1f} |"
                   for r in call["prefills"]]
+        compared = [m for m in call["measurements"] if m["over_unmerged_ms"]]
+        if compared:
+            lines += ["", "| repeat | merge iterations, ms over unmerged | mixture iterations, ms over unmerged | mixture runs |",
+                      "|---|---|---|---|"]
+            for m in compared:
+                cells = [f"{m['over_unmerged_ms'][mode]['iterations']}, {m['over_unmerged_ms'][mode]['ms']:+.1f}"
+                         if mode in m["over_unmerged_ms"] else "-" for mode in ("merge", "mixture")]
+                lines.append(f"| {m['repeat']} | " + " | ".join(cells) + f" | {m['mixture_runs']} |")
         lines.append("")
     return lines
 
