@@ -40,6 +40,12 @@ module's call, inside the forward's host time) before each call of those modules
 is slower after one way's kernels only while the GPU still has work queued gets as fast as the
 floor's with it, one slowed by the host's own state does not. It separates the two causes of
 the gate/up call's extra host time after the one-kernel way (docs/perf.md).
+
+``--warm-before MODULE ...`` runs one untimed ``F.linear`` of a single row over the module's base
+weight before each call of those modules (inside the forward's host time): the host path of a
+base GEMM call (torch's dispatch, cuBLAS) just run once, as the o projection's is before gate/up
+in every way but the one kernel's. If gate/up's extra time after the one kernel goes with it,
+that path was cold in the CPU's caches; if it stays, something else on the host is slow.
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ class TimedLinear:
 class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
-    def __init__(self, tokens: int, sync_before: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = ()) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -135,11 +141,15 @@ class Emulation:
         self.times = self.timer.times
         self.module_times: dict[str, list[float]] = {m: [] for m in MODULES}
         self.sync_before = sync_before
+        self.warm_before = warm_before
 
     def _module(self, way: str, module: str, x, layer: dict):
-        """The module's call, timed on the host (after the GPU's queue drained, for ``sync_before``'s)."""
+        """The module's call, timed on the host (after the GPU's queue drained, for ``sync_before``'s;
+        after one single-row call of its base weight, untimed, for ``warm_before``'s)."""
         if module in self.sync_before:
             self.torch.cuda.synchronize()
+        if module in self.warm_before:
+            self.timer.linear(x[:1], layer[module])
         began = time.perf_counter_ns()
         out = self._module_call(way, module, x, layer)
         self.module_times[module].append((time.perf_counter_ns() - began) / 1e3)
@@ -226,10 +236,11 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = ()) -> dict[str, dict]:
+def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = ()
+            ) -> dict[str, dict]:
     """Per way: median host microseconds of each module's base GEMM call, and the median
     host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation(tokens, sync_before)
+    emu = Emulation(tokens, sync_before, warm_before)
     torch = emu.torch
     for way in WAYS:  # compile and warm every path
         for _ in range(3):
@@ -275,6 +286,9 @@ def main() -> None:
     ap.add_argument("--tag", default="base_linear_host")
     ap.add_argument("--sync-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
                     help=f"wait for the GPU before each call of these modules ({', '.join(MODULES)})")
+    ap.add_argument("--warm-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
+                    help="run one untimed single-row F.linear of the module's base weight before each call of "
+                         "these modules")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -284,7 +298,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
-    result = measure(args.rounds, args.tokens, tuple(args.sync_before))
+    result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before))
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
@@ -303,7 +317,7 @@ def main() -> None:
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
                        "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5)",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
-               "sync_before": args.sync_before, "ways": result}
+               "sync_before": args.sync_before, "warm_before": args.warm_before, "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")
 

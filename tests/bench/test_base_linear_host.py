@@ -34,6 +34,7 @@ def test_no_tokens_is_refused() -> None:
     assert proc.returncode == 2 and "--tokens must be at least 1" in proc.stderr
 
 
-def test_an_unknown_module_to_sync_before_is_refused() -> None:
-    proc = _run("--sync-before", "gate")
+@pytest.mark.parametrize("option", ["--sync-before", "--warm-before"])
+def test_an_unknown_module_to_sync_or_warm_before_is_refused(option: str) -> None:
+    proc = _run(option, "gate")
     assert proc.returncode == 2 and "invalid choice: 'gate'" in proc.stderr
