@@ -136,7 +136,6 @@ def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str
     their histogram, and its merged and mixture iterations against unmerged ones; ms."""
     decode: dict[tuple[str, int], list[float]] = defaultdict(list)
     prefill: dict[tuple[int, str], list[float]] = defaultdict(list)
-    by_shape: dict[tuple[str, tuple[str, int]], list[float]] = defaultdict(list)
     read = [(measurement, timeline, _iterations(timeline)) for measurement, timeline in measured]
     for _, _, rows in read:
         for mode, tokens, requests, ms in rows:
@@ -144,8 +143,8 @@ def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str
                 prefill[band_edge(tokens), mode].append(ms)
             else:
                 decode[mode, requests].append(ms)
-            by_shape[mode, _shape(tokens, requests)].append(ms)
-    medians = {key: statistics.median(v) for key, v in by_shape.items()}
+    medians = {(mode, ("decode", n)): statistics.median(v) for (mode, n), v in decode.items()}
+    medians |= {(mode, ("prefill", edge)): statistics.median(v) for (edge, mode), v in prefill.items()}
     measurements = []
     for measurement, timeline, rows in read:
         steps = [ms for _, tokens, _, ms in rows if not tokens]

@@ -60,7 +60,6 @@ def test_modes_are_compared_at_the_same_batch_size(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text()) == doc
 
 
-
 def test_merged_and_mixture_iterations_are_weighed_against_unmerged_ones_of_their_shape(tmp_path, capsys):
     rows = [[1.0, "unmerge", 0, 4, 0.0080], [1.1, "unmerge", 0, 4, 0.0082], [1.2, "mixture", 0, 4, 0.0085],
             [1.3, "mixture", 0, 4, 0.0086], [1.4, "merge", 0, 4, 0.0077], [1.5, "mixture", 0, 4, 0.0090],
@@ -75,6 +74,7 @@ def test_merged_and_mixture_iterations_are_weighed_against_unmerged_ones_of_thei
                                                "mixture": {"iterations": 4, "ms": 3.5}}
     assert measurement["mixture_runs"] == 3
     assert "| 0 | 1, -0.4 | 4, +3.5 | 3 |" in capsys.readouterr().out
+
 
 def test_a_timeline_the_results_name_must_be_in_the_logs(tmp_path):
     results_path, logs_path = write_call(tmp_path, _results(["timelines/vlora_p_1.json"]), {"vlora.log": "x\n"})
