@@ -45,7 +45,11 @@ the gate/up call's extra host time after the one-kernel way (docs/perf.md).
 weight before each call of those modules (inside the forward's host time): the host path of a
 base GEMM call (torch's dispatch, cuBLAS) just run once, as the o projection's is before gate/up
 in every way but the one kernel's. If gate/up's extra time after the one kernel goes with it,
-that path was cold in the CPU's caches; if it stays, something else on the host is slow.
+that path was cold in the CPU's caches; if it stays, something else on the host is slow. The
+warm call's own host time is timed too (``warm_host_us``): a cost that only moves there is the
+first cuBLAS call's after other launches, whatever its shape. ``--warm-rows N`` makes the warm
+call's weight the module weight's first ``N`` rows (a GEMM of a few microseconds on the GPU
+instead of one that reads the whole weight), to see whether a cheap call warms the path as well.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ class TimedLinear:
 class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
-    def __init__(self, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
+                 warm_rows: int | None = None) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -140,16 +145,21 @@ class Emulation:
         self.timer = TimedLinear(torch.nn.functional.linear)
         self.times = self.timer.times
         self.module_times: dict[str, list[float]] = {m: [] for m in MODULES}
+        self.warm_times: dict[str, list[float]] = {m: [] for m in MODULES}
         self.sync_before = sync_before
         self.warm_before = warm_before
+        self.warm_rows = warm_rows
 
     def _module(self, way: str, module: str, x, layer: dict):
         """The module's call, timed on the host (after the GPU's queue drained, for ``sync_before``'s;
-        after one single-row call of its base weight, untimed, for ``warm_before``'s)."""
+        after one single-row call of its base weight, or of its first ``warm_rows`` rows, timed
+        apart, for ``warm_before``'s)."""
         if module in self.sync_before:
             self.torch.cuda.synchronize()
         if module in self.warm_before:
-            self.timer.linear(x[:1], layer[module])
+            began = time.perf_counter_ns()
+            self.timer.linear(x[:1], layer[module][: self.warm_rows])
+            self.warm_times[module].append((time.perf_counter_ns() - began) / 1e3)
         began = time.perf_counter_ns()
         out = self._module_call(way, module, x, layer)
         self.module_times[module].append((time.perf_counter_ns() - began) / 1e3)
@@ -236,23 +246,24 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = ()
-            ) -> dict[str, dict]:
-    """Per way: median host microseconds of each module's base GEMM call, and the median
-    host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation(tokens, sync_before, warm_before)
+def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
+            warm_rows: int | None = None) -> dict[str, dict]:
+    """Per way: median host microseconds of each module's base GEMM call (and of the warm call
+    before it), and the median host and wall milliseconds of a forward, over ``rounds`` rounds."""
+    emu = Emulation(tokens, sync_before, warm_before, warm_rows)
     torch = emu.torch
     for way in WAYS:  # compile and warm every path
         for _ in range(3):
             emu.forward(way)
     torch.cuda.synchronize()
-    per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES}, "host_ms": [],
-                     "wall_ms": []} for way in WAYS}
+    per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES},
+                     "warm": {m: [] for m in warm_before}, "host_ms": [], "wall_ms": []} for way in WAYS}
     for r in range(rounds):
         for way in WAYS[r % len(WAYS):] + WAYS[: r % len(WAYS)]:
             for m in MODULES:
                 emu.times[m].clear()
                 emu.module_times[m].clear()
+                emu.warm_times[m].clear()
             began = time.perf_counter()
             emu.forward(way)
             host = time.perf_counter() - began
@@ -264,10 +275,13 @@ def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_be
             for m in MODULES:
                 rec["calls"][m].extend(emu.times[m])
                 rec["modules"][m].extend(emu.module_times[m])
+            for m in warm_before:
+                rec["warm"][m].extend(emu.warm_times[m])
     gpu = {way: round(statistics.median(emu.lora_modules_gpu_us(way) for _ in range(5)), 1)
            for way in ("base", "atmm_in_gemm", "atmm_small_gemm")}
     return {way: {"linear_host_us": {m: _median(v) for m, v in rec["calls"].items()},
                   "module_host_us": {m: _median(v) for m, v in rec["modules"].items()},
+                  "warm_host_us": {m: _median(v) for m, v in rec["warm"].items()},
                   "forward_host_ms": round(statistics.median(rec["host_ms"]), 2),
                   "forward_wall_ms": round(statistics.median(rec["wall_ms"]), 2),
                   "qkv_o_gpu_us": gpu.get(way)}
@@ -289,22 +303,27 @@ def main() -> None:
     ap.add_argument("--warm-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
                     help="run one untimed single-row F.linear of the module's base weight before each call of "
                          "these modules")
+    ap.add_argument("--warm-rows", type=int, default=None, metavar="N",
+                    help="the warm call's weight is the module weight's first N rows (default: all of it)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
+    if args.warm_rows is not None and (args.warm_rows < 1 or not args.warm_before):
+        ap.error("--warm-rows must be at least 1 and needs --warm-before")
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
-    result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before))
+    result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before), args.warm_rows)
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
         print(f"{way:16} " + " ".join(_cell(row["linear_host_us"][m], 9) for m in MODULES) + " | "
               + " " * 16 + " ".join(_cell(row["module_host_us"][m], 9) for m in MODULES)
-              + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}  {_cell(row['qkv_o_gpu_us'], 14)}")
+              + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}  {_cell(row['qkv_o_gpu_us'], 14)}"
+              + "".join(f"  warm {m} {_cell(v, 5)}" for m, v in row["warm_host_us"].items()))
     if args.out is not None:
         from bench import provenance
 
@@ -317,7 +336,8 @@ def main() -> None:
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
                        "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5)",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
-               "sync_before": args.sync_before, "warm_before": args.warm_before, "ways": result}
+               "sync_before": args.sync_before, "warm_before": args.warm_before, "warm_rows": args.warm_rows,
+               "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")
 

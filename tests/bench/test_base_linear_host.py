@@ -38,3 +38,9 @@ def test_no_tokens_is_refused() -> None:
 def test_an_unknown_module_to_sync_or_warm_before_is_refused(option: str) -> None:
     proc = _run(option, "gate")
     assert proc.returncode == 2 and "invalid choice: 'gate'" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--warm-rows", "64"], ["--warm-before", "gate_up", "--warm-rows", "0"]])
+def test_warm_rows_without_a_warm_call_or_below_one_is_refused(args: list[str]) -> None:
+    proc = _run(*args)
+    assert proc.returncode == 2 and "--warm-rows must be at least 1 and needs --warm-before" in proc.stderr
