@@ -6,6 +6,8 @@
     python bench/run_e2e.py report bench/results/e2e/*.json --readme README.md   # -> bench/results/e2e_h200.*
     python bench/run_e2e.py stamp                         # record the git revision before sending the tree
     python bench/run_e2e.py parallel-check 'CALL ...' ...  # bench/gpu_parallel.sh's check of its call lines
+    python bench/run_e2e.py cpu-shares N                  # the host's CPUs split between N calls side by side
+    python bench/run_e2e.py on-cpus 0,1,2 -- CMD ...      # run CMD on those CPUs only
 
 ``run`` writes ``<out>/<tag>.json`` after every measurement; ``report`` merges any number of
 such files (repeats of a (system, point) across calls add up) into ``<out>.json``, writes
@@ -80,7 +82,9 @@ def call_traces(call: plan.Call, seed: int) -> set[tuple[str, int, int]]:
 def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
     """Refuse, before anything starts, call lines of bench/gpu_parallel.sh that ``run`` would
     refuse, a text call beside a vision call (unless ``--allow-mixed``): see plan.host_load, and a
-    call that pins its servers (``--cpus-per-server``) beside another.
+    call that pins its servers (``--cpus-per-server``) to more CPUs than its share of the host
+    (:func:`cpu_pinning.shares`: with several lines each call runs on its share) leaves it,
+    at least one for the client.
     Warn where two lines would send the same request traces (seeds within their rounds of each
     other): such rounds are not independent draws, and the report's interval draws them together."""
     loads, traces, pinned = {}, {}, []
@@ -96,11 +100,18 @@ def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
         loads[line] = plan.host_load(call)
         traces[line] = call_traces(call, run.seed)
         if run.cpus_per_server:
-            pinned.append(line)
-    if pinned and sum(bool(line.split()) for line in args.lines) > 1:
-        raise SystemExit(f"error: {pinned[0]!r} pins its servers (--cpus-per-server) beside other lines: a call "
-                         "picks its CPUs from the whole host, so the others' processes would run on them too; "
-                         "run a pinned call alone, or start each call under its own taskset -c")
+            pinned.append((line, run.cpus_per_server * len(call.systems) + 1))
+    calls = sum(bool(line.split()) for line in args.lines)
+    if pinned and calls > 1:
+        try:
+            share = len(cpu_pinning.shares(cpu_pinning.ordered_cpus(), calls)[0])
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        for line, needed in pinned:
+            if needed > share:
+                raise SystemExit(f"error: {line!r} pins its servers (--cpus-per-server) to {needed - 1} CPUs and "
+                                 f"needs one more for the client, but beside {calls - 1} other line(s) its share "
+                                 f"of the host is {share} CPUs: lower --cpus-per-server or run fewer calls")
     shared = {}
     lines = list(traces)
     for i, a in enumerate(lines):
@@ -117,6 +128,35 @@ def cmd_parallel_check(args: argparse.Namespace) -> dict[str, Any]:
                          "harness resolves\"): run them on separate machines, or pass --allow-mixed "
                          "(gpu_parallel.sh: E2E_ALLOW_MIXED=1)")
     return {"host_loads": loads, "shared_traces": shared}
+
+
+def cmd_cpu_shares(args: argparse.Namespace) -> dict[str, Any]:
+    """Print the CPUs of each of ``args.calls`` calls side by side, one comma-separated line a
+    call (bench/gpu_parallel.sh runs call i on line i's)."""
+    try:
+        blocks = cpu_pinning.shares(cpu_pinning.ordered_cpus(), args.calls)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    for block in blocks:
+        print(",".join(map(str, block)))
+    return {"shares": blocks}
+
+
+def cmd_on_cpus(args: argparse.Namespace) -> dict[str, Any]:
+    """Replace this process by ``args.command`` restricted to the CPUs ``args.cpus`` (its
+    children inherit them): bench/gpu_parallel.sh's way of keeping a call to its share, with
+    no other tool needed on the machine."""
+    import os
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("error: on-cpus: no command after --")
+    try:
+        cpus = {int(c) for c in args.cpus.split(",")}
+        os.sched_setaffinity(0, cpus)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: on-cpus {args.cpus!r}: {e}") from None
+    os.execvp(command[0], command)
 
 
 def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,6 +233,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     pc.add_argument("lines", nargs="+", help="call lines, each 'CALL [run flags]' (test-gpu and test-gpu-server lines are skipped)")
     pc.add_argument("--allow-mixed", action="store_true", help="allow text and vision calls side by side")
     pc.set_defaults(func=cmd_parallel_check)
+    cs = sub.add_parser("cpu-shares", help="the host's CPUs split between calls side by side, a line each")
+    cs.add_argument("calls", type=int)
+    cs.set_defaults(func=cmd_cpu_shares)
+    oc = sub.add_parser("on-cpus", help="run a command on the given CPUs only")
+    oc.add_argument("cpus", help="comma-separated CPU numbers")
+    oc.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    oc.set_defaults(func=cmd_on_cpus)
     pr = sub.add_parser("prepare", help="build a scale's model and adapters once (before parallel calls)")
     pr.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
     pr.set_defaults(func=cmd_prepare)

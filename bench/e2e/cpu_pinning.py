@@ -5,8 +5,8 @@ and in the rounds at 9b46a17 one server at a time ran for minutes at a speed of 
 the others in the same rounds did not (docs/perf.md, "Eight more 1024 in / 64 out rounds of
 ATMM alone"). With every server pinned to cores no other server uses, and the client to the
 rest, where the kernel places a process no longer decides a round. The cores come from this
-process's own affinity set: calls started side by side each under its own ``taskset -c`` split
-the host between them.
+process's own affinity set: bench/gpu_parallel.sh starts calls side by side each on a share of
+the host's CPUs (:func:`shares`), so their blocks never overlap.
 
 The blocks move one server along each round (:func:`blocks_for_round`, :func:`repin`): the
 host probe found one server's CPUs running a fixed loop up to 1.5x apart within one
@@ -62,6 +62,20 @@ def topology() -> dict[str, Any]:
     siblings = sorted({s for cpu in cpus
                        if (s := _read(SYS_CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list")) is not None})
     return {"cpus": cpus, "cpu_count": os.cpu_count(), "numa_nodes": nodes, "thread_siblings": siblings}
+
+
+def shares(cpus: Sequence[int], calls: int) -> list[list[int]]:
+    """``calls`` equal blocks of consecutive ``cpus``, one per call that bench/gpu_parallel.sh
+    starts side by side (each under its block, so a pinned call's servers and client keep to
+    it). In :func:`ordered_cpus`' order a block takes whole physical cores, and on a host of
+    several sockets whole sockets where the division allows; the CPUs the division leaves over
+    go to no call. ``ValueError`` where a call would get none."""
+    if calls < 1:
+        raise ValueError(f"CPU shares for {calls} calls: at least one call")
+    size = len(cpus) // calls
+    if size < 1:
+        raise ValueError(f"{calls} calls side by side but this process may run on {len(cpus)} CPUs")
+    return [list(cpus[i * size:(i + 1) * size]) for i in range(calls)]
 
 
 def assign(cpus: Sequence[int], servers: Sequence[str], per_server: int) -> dict[str, Any]:

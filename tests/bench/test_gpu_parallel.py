@@ -98,3 +98,60 @@ def test_parallel_check_warns_where_two_lines_would_send_the_same_request_traces
     blocks, whole = "mixed-skewed-blocks --repeats 2 --seed 5", "mixed-skewed --repeats 2 --seed 5"
     assert run_e2e.main(["parallel-check", "--", blocks, whole])["shared_traces"] == {}
     assert "warning" not in capsys.readouterr().err
+
+
+def test_cpu_shares_are_equal_blocks_of_consecutive_cpus_one_per_call():
+    from bench.e2e import cpu_pinning
+
+    assert cpu_pinning.shares(list(range(32)), 2) == [list(range(16)), list(range(16, 32))]
+    assert cpu_pinning.shares([3, 1, 2, 0, 4], 2) == [[3, 1], [2, 0]]  # in the order given; one left over
+    assert cpu_pinning.shares([0, 1], 1) == [[0, 1]]
+    with pytest.raises(ValueError, match="3 calls side by side but this process may run on 2 CPUs"):
+        cpu_pinning.shares([0, 1], 3)
+    with pytest.raises(ValueError, match="at least one call"):
+        cpu_pinning.shares([0, 1], 0)
+
+
+def test_parallel_check_lets_pinned_calls_side_by_side_only_where_their_share_holds_them(monkeypatch):
+    from bench import run_e2e
+    from bench.e2e import cpu_pinning
+
+    four = "mixed-skewed-blocks --systems nolora vlora csgmv triton --cpus-per-server 3 --seed {}"
+    monkeypatch.setattr(cpu_pinning, "ordered_cpus", lambda: list(range(32)))
+    checked = run_e2e.main(["parallel-check", "--", four.format(710), four.format(730)])
+    assert set(checked["host_loads"].values()) == {"text"}
+    # 4 servers x 4 CPUs and the client: 17 CPUs, more than half of 32
+    wide = "mixed-skewed-blocks --systems nolora vlora csgmv triton --cpus-per-server 4 --seed 730"
+    with pytest.raises(SystemExit, match=r"pins its servers \(--cpus-per-server\) to 16 CPUs and needs one more "
+                                         r"for the client, but beside 1 other line\(s\) its share of the host is 16"):
+        run_e2e.main(["parallel-check", "--", four.format(710), wide])
+    assert run_e2e.main(["parallel-check", "--", wide])["host_loads"] == {wide: "text"}  # alone: the whole host
+    monkeypatch.setattr(cpu_pinning, "ordered_cpus", lambda: [0])
+    with pytest.raises(SystemExit, match="2 calls side by side but this process may run on 1 CPUs"):
+        run_e2e.main(["parallel-check", "--", four.format(710), "test-gpu"])
+
+
+def test_on_cpus_runs_the_command_on_those_cpus_only_and_refuses_bad_lists():
+    import os
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    run = ["bench/run_e2e.py", "on-cpus"]
+    repo = SCRIPT.parents[1]
+    ok = subprocess.run([sys.executable, *run, str(cpu), "--", sys.executable, "-c",
+                         "import os; print(sorted(os.sched_getaffinity(0)))"],
+                        cwd=repo, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.strip() == f"[{cpu}]"
+    bad = subprocess.run([sys.executable, *run, "0,x", "--", "true"], cwd=repo, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode != 0 and "on-cpus '0,x'" in bad.stderr
+    empty = subprocess.run([sys.executable, *run, str(cpu), "--"], cwd=repo, capture_output=True, text=True,
+                           timeout=60)
+    assert empty.returncode != 0 and "no command after --" in empty.stderr
+
+
+def test_gpu_parallel_runs_each_call_on_its_share_of_the_cpus_when_there_are_several():
+    script = SCRIPT.read_text()
+    shares = script.index('mapfile -t SHARES < <(python3 bench/run_e2e.py cpu-shares "$#")')
+    assert shares < script.index('"${ON[@]}" bash bench/gpu_e2e.sh "${words[@]}"')
+    assert script.count('"${TEST_TIMEOUT:-560}" "${ON[@]}" python3 -m pytest') == 2
