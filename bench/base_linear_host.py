@@ -50,6 +50,9 @@ warm call's own host time is timed too (``warm_host_us``): a cost that only move
 first cuBLAS call's after other launches, whatever its shape. ``--warm-rows N`` makes the warm
 call's weight the module weight's first ``N`` rows (a GEMM of a few microseconds on the GPU
 instead of one that reads the whole weight), to see whether a cheap call warms the path as well.
+``--warm-tiny`` makes it a 16 x 16 ``F.linear`` over tensors of its own, nothing of the module's:
+if that call takes the extra time and the module's call after it runs as fast as the floor's, the
+time is the first cuBLAS call's after other launches, whatever it computes.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
     def __init__(self, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
-                 warm_rows: int | None = None) -> None:
+                 warm_rows: int | None = None, warm_tiny: bool = False) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -149,16 +152,17 @@ class Emulation:
         self.sync_before = sync_before
         self.warm_before = warm_before
         self.warm_rows = warm_rows
+        self.tiny = (rand(1, 16), rand(16, 16)) if warm_tiny else None
 
     def _module(self, way: str, module: str, x, layer: dict):
         """The module's call, timed on the host (after the GPU's queue drained, for ``sync_before``'s;
-        after one single-row call of its base weight, or of its first ``warm_rows`` rows, timed
-        apart, for ``warm_before``'s)."""
+        after one single-row call of its base weight, of its first ``warm_rows`` rows or of a
+        16 x 16 weight of its own, timed apart, for ``warm_before``'s)."""
         if module in self.sync_before:
             self.torch.cuda.synchronize()
         if module in self.warm_before:
             began = time.perf_counter_ns()
-            self.timer.linear(x[:1], layer[module][: self.warm_rows])
+            self.timer.linear(*(self.tiny or (x[:1], layer[module][: self.warm_rows])))
             self.warm_times[module].append((time.perf_counter_ns() - began) / 1e3)
         began = time.perf_counter_ns()
         out = self._module_call(way, module, x, layer)
@@ -247,10 +251,10 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
-            warm_rows: int | None = None) -> dict[str, dict]:
+            warm_rows: int | None = None, warm_tiny: bool = False) -> dict[str, dict]:
     """Per way: median host microseconds of each module's base GEMM call (and of the warm call
     before it), and the median host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation(tokens, sync_before, warm_before, warm_rows)
+    emu = Emulation(tokens, sync_before, warm_before, warm_rows, warm_tiny)
     torch = emu.torch
     for way in WAYS:  # compile and warm every path
         for _ in range(3):
@@ -305,6 +309,8 @@ def main() -> None:
                          "these modules")
     ap.add_argument("--warm-rows", type=int, default=None, metavar="N",
                     help="the warm call's weight is the module weight's first N rows (default: all of it)")
+    ap.add_argument("--warm-tiny", action="store_true",
+                    help="the warm call is a 16 x 16 F.linear over tensors of its own, not the module's weight")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -312,11 +318,14 @@ def main() -> None:
         ap.error("--tokens must be at least 1")
     if args.warm_rows is not None and (args.warm_rows < 1 or not args.warm_before):
         ap.error("--warm-rows must be at least 1 and needs --warm-before")
+    if args.warm_tiny and (not args.warm_before or args.warm_rows is not None):
+        ap.error("--warm-tiny needs --warm-before and takes no --warm-rows")
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
-    result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before), args.warm_rows)
+    result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before), args.warm_rows,
+                     args.warm_tiny)
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
@@ -334,9 +343,11 @@ def main() -> None:
                        "ops.lora_apply_static_in_gemm), with the same LoRA as two torch matmuls, and with base "
                        "GEMM, shrink and expand in one kernel (ops.KeptSmallGemmCall, no F.linear call); the ways "
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
-                       "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5)",
+                       "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5); "
+                       "warm_host_us: the host time of the warm call before each call of the warm_before modules",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
                "sync_before": args.sync_before, "warm_before": args.warm_before, "warm_rows": args.warm_rows,
+               "warm_tiny": args.warm_tiny,
                "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")

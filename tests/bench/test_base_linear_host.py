@@ -44,3 +44,9 @@ def test_an_unknown_module_to_sync_or_warm_before_is_refused(option: str) -> Non
 def test_warm_rows_without_a_warm_call_or_below_one_is_refused(args: list[str]) -> None:
     proc = _run(*args)
     assert proc.returncode == 2 and "--warm-rows must be at least 1 and needs --warm-before" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--warm-tiny"], ["--warm-before", "gate_up", "--warm-rows", "64", "--warm-tiny"]])
+def test_a_tiny_warm_call_without_a_warm_call_or_with_rows_is_refused(args: list[str]) -> None:
+    proc = _run(*args)
+    assert proc.returncode == 2 and "--warm-tiny needs --warm-before and takes no --warm-rows" in proc.stderr
