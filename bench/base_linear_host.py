@@ -23,7 +23,12 @@ with ``perf_counter_ns``, four ways:
 * ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's);
 * ``atmm_small_gemm``: the ``atmm`` backend's module call as the server runs unmerged eager
   batches of at most ``--vlora-eager-small-gemm-max-tokens`` tokens on q/k/v and o: base GEMM,
-  shrink and expand in one kernel (``ops.KeptSmallGemmCall``; no ``F.linear`` call to time).
+  shrink and expand in one kernel (``ops.KeptSmallGemmCall``; no ``F.linear`` call to time);
+* ``atmm_small_gemm_all`` (only with ``--mlp-lora``): the same with the adapter on gate/up and
+  down too, so every module of the layer runs the one kernel and none calls cuBLAS. With
+  ``--mlp-lora`` the gate/up and down weights are stacks like q/k/v's and o's, whatever the way,
+  and the GPU time of a forward's gate/up and down calls is measured too, without LoRA and with
+  this way's kernel (``gate_up_down_gpu_us``).
 
 Besides the base GEMM's call, each module call's whole host time is timed, and the GPU time
 of the q/k/v and o module calls of a forward, per way (one CUDA graph of the 28 layers' calls
@@ -71,6 +76,17 @@ HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
 WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora", "atmm_small_gemm")
 LORA_MODULES = ("qkv", "o")
+ALL_MODULES_WAY = "atmm_small_gemm_all"
+
+
+def ways_of(mlp_lora: bool) -> tuple[str, ...]:
+    """The ways a run measures: :data:`WAYS`, and with ``mlp_lora`` the one kernel on every module."""
+    return WAYS + ((ALL_MODULES_WAY,) if mlp_lora else ())
+
+
+def lora_modules_of(way: str) -> tuple[str, ...]:
+    """The modules whose calls carry the adapter in ``way``."""
+    return MODULES if way == ALL_MODULES_WAY else LORA_MODULES
 MODULES = ("qkv", "o", "gate_up", "down")
 
 
@@ -98,7 +114,7 @@ class Emulation:
     """Random bf16 weights of ``LAYERS`` layers on the GPU and one prepared ``atmm`` batch."""
 
     def __init__(self, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
-                 warm_rows: int | None = None, warm_tiny: bool = False) -> None:
+                 warm_rows: int | None = None, warm_tiny: bool = False, mlp_lora: bool = False) -> None:
         import torch
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -113,10 +129,10 @@ class Emulation:
         def rand(*shape):
             return torch.randn(*shape, device=dev, dtype=dtype, generator=g) * 0.02
 
-        def stacked(layer: dict, module: str, out: int, slices: int, bias) -> None:
+        def stacked(layer: dict, module: str, out: int, slices: int, bias, inputs: int = HIDDEN) -> None:
             """The base weight and the pool's A rows as one stack, as the server lays them out."""
-            stack = rand(out + SLOTS * slices * RANK, HIDDEN)
-            layer[module], layer[f"{module}_a"] = stack[:out], stack[out:].view(SLOTS, slices * RANK, HIDDEN)
+            stack = rand(out + SLOTS * slices * RANK, inputs)
+            layer[module], layer[f"{module}_a"] = stack[:out], stack[out:].view(SLOTS, slices * RANK, inputs)
             ext_bias = None
             if bias is not None:
                 ext_bias = torch.zeros(stack.shape[0], device=dev, dtype=dtype)
@@ -128,14 +144,20 @@ class Emulation:
         qkv = HIDDEN + 2 * KV
         self.layers = []
         for _ in range(LAYERS):
-            layer = {"gate_up": rand(2 * INTER, HIDDEN), "down": rand(HIDDEN, INTER),
-                     "qkv_b": rand(SLOTS, qkv, RANK), "o_b": rand(SLOTS, HIDDEN, RANK)}
+            layer = {"qkv_b": rand(SLOTS, qkv, RANK), "o_b": rand(SLOTS, HIDDEN, RANK)}
             stacked(layer, "qkv", qkv, 3, rand(qkv))
             stacked(layer, "o", HIDDEN, 1, None)
+            if mlp_lora:
+                layer["gate_up_b"], layer["down_b"] = rand(SLOTS, 2 * INTER, RANK), rand(SLOTS, HIDDEN, RANK)
+                stacked(layer, "gate_up", 2 * INTER, 2, None)
+                stacked(layer, "down", HIDDEN, 1, None, inputs=INTER)
+            else:
+                layer["gate_up"], layer["down"] = rand(2 * INTER, HIDDEN), rand(HIDDEN, INTER)
             self.layers.append(layer)
         self.x = rand(tokens, HIDDEN)
         self.cos, self.sin = rand(tokens, 1, HEAD_DIM), rand(tokens, 1, HEAD_DIM)
-        self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN)}
+        self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN),
+                        "gate_up": (0, INTER, 2 * INTER), "down": (0, HIDDEN)}
         self.backend = ATMMLoRABackend(max_loras_per_batch=SLOTS, device=dev)
         self.backend.shrink_in_gemm = True  # as the server sets it once the stacks are attached
         batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1,
@@ -170,15 +192,15 @@ class Emulation:
         return out
 
     def _module_call(self, way: str, module: str, x, layer: dict):
-        """The module's base GEMM (timed) and, for q/k/v and o, its LoRA."""
+        """The module's base GEMM (timed) and, for the way's LoRA modules, its LoRA."""
         F = self.torch.nn.functional
         self.timer.module = module
-        if module not in self.offsets:
+        if module not in lora_modules_of(way):
             return F.linear(x, layer[module])
         a, b, offsets = layer[f"{module}_a"], layer[f"{module}_b"], self.offsets[module]
-        if way in ("atmm_in_gemm", "atmm_in_gemm_op", "atmm_small_gemm"):
+        if way in ("atmm_in_gemm", "atmm_in_gemm_op", "atmm_small_gemm", ALL_MODULES_WAY):
             self.backend.eager_in_gemm_kept = way != "atmm_in_gemm_op"
-            self.backend.eager_small_gemm = way == "atmm_small_gemm"
+            self.backend.eager_small_gemm = way in ("atmm_small_gemm", ALL_MODULES_WAY)
             return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
         out = F.linear(x, layer[module], layer.get(f"{module}_bias"))
         if way == "atmm":
@@ -220,22 +242,25 @@ class Emulation:
             x = x + self._module(way, "down", F.silu(gate) * up, layer)
 
 
-    def lora_modules_gpu_us(self, way: str, replays: int = 20) -> float:
-        """GPU microseconds of the q/k/v and o module calls of one forward (28 layers), from a CUDA
-        graph of those calls alone replayed ``replays`` times."""
+    def modules_gpu_us(self, way: str, modules: tuple[str, ...] = LORA_MODULES, replays: int = 20) -> float:
+        """GPU microseconds of the ``modules`` calls of one forward (28 layers), from a CUDA graph
+        of those calls alone replayed ``replays`` times."""
         torch = self.torch
-        h, att = self._norm(self.x), self.x.clone()
+        h = self._norm(self.x)
+        inputs = {"qkv": h, "o": self.x.clone(), "gate_up": h,
+                  "down": torch.zeros(self.tokens, INTER, device=h.device, dtype=h.dtype)}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for layer in self.layers[:2]:  # warm the calls on this stream
-                self._module_call(way, "qkv", h, layer), self._module_call(way, "o", att, layer)
+                for module in modules:
+                    self._module_call(way, module, inputs[module], layer)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for layer in self.layers:
-                self._module_call(way, "qkv", h, layer)
-                self._module_call(way, "o", att, layer)
+                for module in modules:
+                    self._module_call(way, module, inputs[module], layer)
         graph.replay()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
@@ -251,19 +276,20 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
-            warm_rows: int | None = None, warm_tiny: bool = False) -> dict[str, dict]:
+            warm_rows: int | None = None, warm_tiny: bool = False, mlp_lora: bool = False) -> dict[str, dict]:
     """Per way: median host microseconds of each module's base GEMM call (and of the warm call
     before it), and the median host and wall milliseconds of a forward, over ``rounds`` rounds."""
-    emu = Emulation(tokens, sync_before, warm_before, warm_rows, warm_tiny)
+    emu = Emulation(tokens, sync_before, warm_before, warm_rows, warm_tiny, mlp_lora)
+    ways = ways_of(mlp_lora)
     torch = emu.torch
-    for way in WAYS:  # compile and warm every path
+    for way in ways:  # compile and warm every path
         for _ in range(3):
             emu.forward(way)
     torch.cuda.synchronize()
     per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES},
-                     "warm": {m: [] for m in warm_before}, "host_ms": [], "wall_ms": []} for way in WAYS}
+                     "warm": {m: [] for m in warm_before}, "host_ms": [], "wall_ms": []} for way in ways}
     for r in range(rounds):
-        for way in WAYS[r % len(WAYS):] + WAYS[: r % len(WAYS)]:
+        for way in ways[r % len(ways):] + ways[: r % len(ways)]:
             for m in MODULES:
                 emu.times[m].clear()
                 emu.module_times[m].clear()
@@ -281,14 +307,16 @@ def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_be
                 rec["modules"][m].extend(emu.module_times[m])
             for m in warm_before:
                 rec["warm"][m].extend(emu.warm_times[m])
-    gpu = {way: round(statistics.median(emu.lora_modules_gpu_us(way) for _ in range(5)), 1)
+    gpu = {way: round(statistics.median(emu.modules_gpu_us(way) for _ in range(5)), 1)
            for way in ("base", "atmm_in_gemm", "atmm_small_gemm")}
+    mlp_gpu = {way: round(statistics.median(emu.modules_gpu_us(way, ("gate_up", "down")) for _ in range(5)), 1)
+               for way in (("base", ALL_MODULES_WAY) if mlp_lora else ())}
     return {way: {"linear_host_us": {m: _median(v) for m, v in rec["calls"].items()},
                   "module_host_us": {m: _median(v) for m, v in rec["modules"].items()},
                   "warm_host_us": {m: _median(v) for m, v in rec["warm"].items()},
                   "forward_host_ms": round(statistics.median(rec["host_ms"]), 2),
                   "forward_wall_ms": round(statistics.median(rec["wall_ms"]), 2),
-                  "qkv_o_gpu_us": gpu.get(way)}
+                  "qkv_o_gpu_us": gpu.get(way), "gate_up_down_gpu_us": mlp_gpu.get(way)}
             for way, rec in per_way.items()}
 
 
@@ -309,6 +337,8 @@ def main() -> None:
                          "these modules")
     ap.add_argument("--warm-rows", type=int, default=None, metavar="N",
                     help="the warm call's weight is the module weight's first N rows (default: all of it)")
+    ap.add_argument("--mlp-lora", action="store_true",
+                    help=f"add the way {ALL_MODULES_WAY}: the adapter on gate/up and down too, every module one kernel")
     ap.add_argument("--warm-tiny", action="store_true",
                     help="the warm call is a 16 x 16 F.linear over tensors of its own, not the module's weight")
     args = ap.parse_args()
@@ -325,14 +355,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
     result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before), args.warm_rows,
-                     args.warm_tiny)
+                     args.warm_tiny, args.mlp_lora)
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():
         print(f"{way:16} " + " ".join(_cell(row["linear_host_us"][m], 9) for m in MODULES) + " | "
               + " " * 16 + " ".join(_cell(row["module_host_us"][m], 9) for m in MODULES)
               + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}  {_cell(row['qkv_o_gpu_us'], 14)}"
-              + "".join(f"  warm {m} {_cell(v, 5)}" for m, v in row["warm_host_us"].items()))
+              + "".join(f"  warm {m} {_cell(v, 5)}" for m, v in row["warm_host_us"].items())
+              + (f"  gate/up+down GPU us {row['gate_up_down_gpu_us']:.1f}" if row["gate_up_down_gpu_us"] else ""))
     if args.out is not None:
         from bench import provenance
 
@@ -344,10 +375,12 @@ def main() -> None:
                        "GEMM, shrink and expand in one kernel (ops.KeptSmallGemmCall, no F.linear call); the ways "
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
                        "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5); "
-                       "warm_host_us: the host time of the warm call before each call of the warm_before modules",
+                       "warm_host_us: the host time of the warm call before each call of the warm_before modules; "
+                       "gate_up_down_gpu_us (--mlp-lora): the same for the gate/up and down calls",
                "device": torch.cuda.get_device_name(0), "rounds": args.rounds, "tokens": args.tokens,
                "sync_before": args.sync_before, "warm_before": args.warm_before, "warm_rows": args.warm_rows,
                "warm_tiny": args.warm_tiny,
+               "mlp_lora": args.mlp_lora,
                "ways": result}
         path = provenance.write_results(args.out, args.tag, doc, "bench/base_linear_host.py", sys.argv[1:])
         print(f"wrote {path}")

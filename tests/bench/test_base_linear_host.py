@@ -50,3 +50,15 @@ def test_warm_rows_without_a_warm_call_or_below_one_is_refused(args: list[str]) 
 def test_a_tiny_warm_call_without_a_warm_call_or_with_rows_is_refused(args: list[str]) -> None:
     proc = _run(*args)
     assert proc.returncode == 2 and "--warm-tiny needs --warm-before and takes no --warm-rows" in proc.stderr
+
+
+def test_the_every_module_way_is_measured_only_with_mlp_lora_and_carries_the_adapter_on_every_module() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import base_linear_host as blh
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert blh.ways_of(False) == blh.WAYS and blh.ALL_MODULES_WAY not in blh.WAYS
+    assert blh.ways_of(True) == (*blh.WAYS, blh.ALL_MODULES_WAY)
+    assert blh.lora_modules_of(blh.ALL_MODULES_WAY) == ("qkv", "o", "gate_up", "down")
+    assert all(blh.lora_modules_of(way) == ("qkv", "o") for way in blh.WAYS)
