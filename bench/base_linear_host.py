@@ -46,8 +46,8 @@ is slower after one way's kernels only while the GPU still has work queued gets 
 floor's with it, one slowed by the host's own state does not. It separates the two causes of
 the gate/up call's extra host time after the one-kernel way (docs/perf.md).
 
-``--warm-before MODULE ...`` runs one untimed ``F.linear`` of a single row over the module's base
-weight before each call of those modules (inside the forward's host time): the host path of a
+``--warm-before MODULE ...`` runs one ``F.linear`` of a single row over the module's base weight
+before each call of those modules (outside the module call's time, inside the forward's): the host path of a
 base GEMM call (torch's dispatch, cuBLAS) just run once, as the o projection's is before gate/up
 in every way but the one kernel's. If gate/up's extra time after the one kernel goes with it,
 that path was cold in the CPU's caches; if it stays, something else on the host is slow. The
@@ -76,6 +76,7 @@ HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
 WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora", "atmm_small_gemm")
 LORA_MODULES = ("qkv", "o")
+MODULES = ("qkv", "o", "gate_up", "down")
 ALL_MODULES_WAY = "atmm_small_gemm_all"
 
 
@@ -87,7 +88,6 @@ def ways_of(mlp_lora: bool) -> tuple[str, ...]:
 def lora_modules_of(way: str) -> tuple[str, ...]:
     """The modules whose calls carry the adapter in ``way``."""
     return MODULES if way == ALL_MODULES_WAY else LORA_MODULES
-MODULES = ("qkv", "o", "gate_up", "down")
 
 
 class TimedLinear:
@@ -333,8 +333,8 @@ def main() -> None:
     ap.add_argument("--sync-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
                     help=f"wait for the GPU before each call of these modules ({', '.join(MODULES)})")
     ap.add_argument("--warm-before", nargs="+", choices=MODULES, default=[], metavar="MODULE",
-                    help="run one untimed single-row F.linear of the module's base weight before each call of "
-                         "these modules")
+                    help="run one single-row F.linear of the module's base weight before each call of these "
+                         "modules, timed apart from the call")
     ap.add_argument("--warm-rows", type=int, default=None, metavar="N",
                     help="the warm call's weight is the module weight's first N rows (default: all of it)")
     ap.add_argument("--mlp-lora", action="store_true",
@@ -363,7 +363,7 @@ def main() -> None:
               + " " * 16 + " ".join(_cell(row["module_host_us"][m], 9) for m in MODULES)
               + f"  {row['forward_host_ms']:15.2f}  {row['forward_wall_ms']:7.2f}  {_cell(row['qkv_o_gpu_us'], 14)}"
               + "".join(f"  warm {m} {_cell(v, 5)}" for m, v in row["warm_host_us"].items())
-              + (f"  gate/up+down GPU us {row['gate_up_down_gpu_us']:.1f}" if row["gate_up_down_gpu_us"] else ""))
+              + (f"  gate/up+down GPU us {row['gate_up_down_gpu_us']:.1f}" if row["gate_up_down_gpu_us"] is not None else ""))
     if args.out is not None:
         from bench import provenance
 

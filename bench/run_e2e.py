@@ -156,7 +156,10 @@ def cmd_on_cpus(args: argparse.Namespace) -> dict[str, Any]:
         os.sched_setaffinity(0, cpus)
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: on-cpus {args.cpus!r}: {e}") from None
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        raise SystemExit(f"error: on-cpus: cannot run {command[0]!r}: {e}") from None
 
 
 def cmd_prepare(args: argparse.Namespace) -> dict[str, Any]:

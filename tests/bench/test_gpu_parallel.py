@@ -148,6 +148,9 @@ def test_on_cpus_runs_the_command_on_those_cpus_only_and_refuses_bad_lists():
     empty = subprocess.run([sys.executable, *run, str(cpu), "--"], cwd=repo, capture_output=True, text=True,
                            timeout=60)
     assert empty.returncode != 0 and "no command after --" in empty.stderr
+    missing = subprocess.run([sys.executable, *run, str(cpu), "--", "no-such-command-here"], cwd=repo,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "on-cpus: cannot run 'no-such-command-here'" in missing.stderr
 
 
 def test_gpu_parallel_runs_each_call_on_its_share_of_the_cpus_when_there_are_several():
