@@ -617,6 +617,56 @@ def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                    "calls above (over their rounds)", "the calls above"), lines)
 
 
+PARALLEL_TAG = re.compile(r"--tag (\S+)_gpu\d+(?:\s|$)")
+NEIGHBOUR_SYSTEMS = ("vlora", "unmerge_only", "csgmv", "triton")
+
+
+def parallel_start(run: dict[str, Any]) -> str | None:
+    """The ``bench/gpu_parallel.sh`` start that ran ``run``: its ``--tag`` without the ``_gpuN``
+    the script appends (calls of one start share it); None for a call it did not start."""
+    match = PARALLEL_TAG.search(run.get("command") or "")
+    return match.group(1) if match else None
+
+
+def beside_another(runs: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """Per run id: whether another of ``runs`` came from the same ``gpu_parallel.sh`` start, so
+    that it ran at the same time on another GPU of the host."""
+    ids_by_start: dict[str, set[str]] = defaultdict(set)
+    for run in runs:
+        start = parallel_start(run)
+        if start:
+            ids_by_start[start].add(run["run_id"])
+    return {run["run_id"]: len(ids_by_start.get(parallel_start(run) or "", ())) > 1 for run in runs}
+
+
+def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point, revision and whether the call ran beside another of these calls
+    (:func:`beside_another`): rounds, the floor's mean E2E and each LoRA system's mean cost over
+    it (ms a round, over the rounds that measured both). Calls side by side share the host's
+    caches and memory: this shows whether that moves one system's cost more than another's."""
+    beside = beside_another(runs)
+    groups: dict[tuple[str, str, bool], list[dict[str, float]]] = defaultdict(list)
+    for run in runs:
+        revision = ((run.get("code") or {}).get("revision") or "?")[:7]
+        for (point, _), by_system in _measured_rounds(run).items():
+            if plan.FLOOR in by_system:
+                means = {system: m["metrics"]["e2e_ms"]["mean"] for system, m in by_system.items()}
+                groups[point, revision, beside[run["run_id"]]].append(means)
+    lines = []
+    for (point, revision, side), rounds in sorted(groups.items()):
+        cells = []
+        for system in NEIGHBOUR_SYSTEMS:
+            costs = [r[system] - r[plan.FLOOR] for r in rounds if system in r]
+            cells.append(f"{statistics.fmean(costs):+.1f} (n={len(costs)})" if costs else "-")
+        floor = statistics.fmean(r[plan.FLOOR] for r in rounds)
+        lines.append(f"| {point} | {revision} | {'yes' if side else 'no'} | {len(rounds)} | {floor:.1f} | "
+                     + " | ".join(cells) + " |")
+    if not any(beside.values()):
+        return []
+    return _table(("point", "revision", "beside another call", "rounds", "floor ms",
+                   *(f"{system} LoRA cost ms" for system in NEIGHBOUR_SYSTEMS)), lines)
+
+
 # A round whose inter-token latency has its 90th percentile above this many times its median had
 # its decode batch interrupted by prefills in more than one token gap in ten.
 INTERRUPTED_P90_OVER_MEDIAN = 3.0
@@ -775,6 +825,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("A LoRA cost in parts: first token, decode steps, decode waiting for prefills",
                           cost_parts_table),
                          ("Mean E2E above a peer's, by round and by call", above_table),
+                         ("LoRA cost by revision, alone on the host or beside another call", neighbour_table),
                          ("Against the LoRA-cost targets", target_table),
                          ("Each server on the host, and the GPU's clocks, by measurement", host_table),
                          ("The unqueued prefill against its CPUs' speed, by call", probe_table),

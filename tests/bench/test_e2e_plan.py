@@ -387,6 +387,26 @@ def test_mean_e2e_above_a_peer_is_counted_by_round_and_by_call():
     assert [report.rotated(r) for r in (one, fixed, turning)] == [False, False, True]
 
 
+def test_calls_of_one_parallel_start_are_told_apart_from_calls_alone_with_their_lora_costs():
+    def call(run_id: str, tag: str, floor: float, ours: float, csgmv: float) -> dict:
+        rounds = [_measurement("nolora", "sgl-mixed", 0, floor), _measurement("vlora", "sgl-mixed", 0, ours),
+                  _measurement("csgmv", "sgl-mixed", 0, csgmv)]
+        return _run(run_id, rounds) | {"command": f"python bench/run_e2e.py run --call c --tag {tag} --seed 1"}
+
+    left = call("left", "e2e_c_20261130T1_gpu0", 1000, 1040, 1400)
+    right = call("right", "e2e_c_20261130T1_gpu1", 1100, 1160, 1500)
+    alone = call("alone", "e2e_c_20261130T2_gpu0", 900, 1000, 1200)   # a start of one line
+    plain = call("plain", "e2e_c_20261130T3", 800, 850, 1000)          # not from gpu_parallel.sh
+    assert [report.parallel_start(r) for r in (left, alone, plain)] == ["e2e_c_20261130T1", "e2e_c_20261130T2", None]
+    assert report.beside_another([left, right, alone, plain]) == {
+        "left": True, "right": True, "alone": False, "plain": False}
+    assert report.neighbour_table([left, right, alone, plain])[2:] == [
+        "| sgl-mixed | aaaaaaa | no | 2 | 850.0 | +75.0 (n=2) | - | +250.0 (n=2) | - |",
+        "| sgl-mixed | aaaaaaa | yes | 2 | 1050.0 | +50.0 (n=2) | - | +400.0 (n=2) | - |"]
+    # no call beside another: nothing to compare, no table
+    assert report.neighbour_table([alone, plain]) == []
+
+
 def test_the_probe_table_correlates_each_calls_unqueued_prefills_with_its_servers_cpu_speed():
     def probed(system: str, repeat: int, loop: float | None, ttft: float) -> dict:
         m = _measurement(system, "sgl-mixed", repeat, 1000) | {"per_request": {"ttft_ms": [ttft + i for i in range(20)]}}
