@@ -8,7 +8,7 @@ twice the floor's host time in the base GEMM of a 16-token prefill's LoRA module
 benchmark asks the question without a server: 28 eager decoder layers of Qwen2-VL-7B's shapes
 (norms and rotary as plain torch ops, q/k/v with bias, attention by SDPA, o, gate/up, down;
 ``--tokens`` tokens), the host call of each module's base GEMM (its first ``F.linear``) timed
-with ``perf_counter_ns``, four ways:
+with ``perf_counter_ns``, in these ways:
 
 * ``base``: no LoRA;
 * ``atmm``: after the q/k/v and o GEMMs, the ``atmm`` backend's eager module call

@@ -645,6 +645,8 @@ def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     it (ms a round, over the rounds that measured both). Calls side by side share the host's
     caches and memory: this shows whether that moves one system's cost more than another's."""
     beside = beside_another(runs)
+    if not any(beside.values()):
+        return []
     groups: dict[tuple[str, str, bool], list[dict[str, float]]] = defaultdict(list)
     for run in runs:
         revision = ((run.get("code") or {}).get("revision") or "?")[:7]
@@ -661,8 +663,6 @@ def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         floor = statistics.fmean(r[plan.FLOOR] for r in rounds)
         lines.append(f"| {point} | {revision} | {'yes' if side else 'no'} | {len(rounds)} | {floor:.1f} | "
                      + " | ".join(cells) + " |")
-    if not any(beside.values()):
-        return []
     return _table(("point", "revision", "beside another call", "rounds", "floor ms",
                    *(f"{system} LoRA cost ms" for system in NEIGHBOUR_SYSTEMS)), lines)
 
