@@ -617,13 +617,14 @@ def above_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                    "calls above (over their rounds)", "the calls above"), lines)
 
 
-PARALLEL_TAG = re.compile(r"--tag (\S+)_gpu\d+(?:\s|$)")
+PARALLEL_TAG = re.compile(r"--tag e2e_\S+_(\d{8}T\d{6})_gpu\d+(?:\s|$)")
 NEIGHBOUR_SYSTEMS = ("vlora", "unmerge_only", "csgmv", "triton")
 
 
 def parallel_start(run: dict[str, Any]) -> str | None:
-    """The ``bench/gpu_parallel.sh`` start that ran ``run``: its ``--tag`` without the ``_gpuN``
-    the script appends (calls of one start share it); None for a call it did not start."""
+    """The ``bench/gpu_parallel.sh`` start that ran ``run``: the UTC time in its ``--tag``
+    (``e2e_<call>_<time>_gpuN``), which the calls of one start share whatever workload each
+    runs; None for a call the script did not start."""
     match = PARALLEL_TAG.search(run.get("command") or "")
     return match.group(1) if match else None
 

@@ -393,11 +393,13 @@ def test_calls_of_one_parallel_start_are_told_apart_from_calls_alone_with_their_
                   _measurement("csgmv", "sgl-mixed", 0, csgmv)]
         return _run(run_id, rounds) | {"command": f"python bench/run_e2e.py run --call c --tag {tag} --seed 1"}
 
-    left = call("left", "e2e_c_20261130T1_gpu0", 1000, 1040, 1400)
-    right = call("right", "e2e_c_20261130T1_gpu1", 1100, 1160, 1500)
-    alone = call("alone", "e2e_c_20261130T2_gpu0", 900, 1000, 1200)   # a start of one line
-    plain = call("plain", "e2e_c_20261130T3", 800, 850, 1000)          # not from gpu_parallel.sh
-    assert [report.parallel_start(r) for r in (left, alone, plain)] == ["e2e_c_20261130T1", "e2e_c_20261130T2", None]
+    left = call("left", "e2e_c_20261130T141105_gpu0", 1000, 1040, 1400)
+    # the same start running another workload on the other GPU
+    right = call("right", "e2e_d-blocks_20261130T141105_gpu1", 1100, 1160, 1500)
+    alone = call("alone", "e2e_c_20261130T142428_gpu0", 900, 1000, 1200)   # a start of one line
+    plain = call("plain", "e2e_c_20261130T143141", 800, 850, 1000)         # not from gpu_parallel.sh
+    assert [report.parallel_start(r) for r in (left, right, alone, plain)] == [
+        "20261130T141105", "20261130T141105", "20261130T142428", None]
     assert report.beside_another([left, right, alone, plain]) == {
         "left": True, "right": True, "alone": False, "plain": False}
     assert report.neighbour_table([left, right, alone, plain])[2:] == [
