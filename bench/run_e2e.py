@@ -19,6 +19,7 @@ bench/report.py`` re-renders from ``bench/results/e2e_h200.json``; see bench/fig
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,8 +147,6 @@ def cmd_on_cpus(args: argparse.Namespace) -> dict[str, Any]:
     """Replace this process by ``args.command`` restricted to the CPUs ``args.cpus`` (its
     children inherit them): bench/gpu_parallel.sh's way of keeping a call to its share, with
     no other tool needed on the machine."""
-    import os
-
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise SystemExit("error: on-cpus: no command after --")
