@@ -37,14 +37,23 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 import provenance  # noqa: E402
 from server_log_counts import read_calls, write_calls  # noqa: E402
 
-PREFILL_BANDS = (1, 256, 1024, 2048, 4096, 8192)
-"""Prompt-token bands' lower edges (the last one open): the benchmark's 1024-token prompts
-reach the server as 1.3-1.6k tokens, one band."""
+from bench.e2e.timeline_figures import (  # noqa: E402
+    Row,
+    band,
+    band_edge,
+    figures_of,
+    prefills_by_band,
+    quartiles,
+    rows,
+)
 
 
 def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -65,35 +74,6 @@ def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, 
     return [(wanted[name], found[name]) for name in wanted]
 
 
-def band_edge(tokens: int) -> int:
-    """The lower edge of the prompt-token band a prefill of ``tokens`` falls in."""
-    return max(edge for edge in PREFILL_BANDS if edge <= tokens)
-
-
-def band(tokens: int) -> str:
-    """The prompt-token band a prefill of ``tokens`` falls in, e.g. ``1024-2047``."""
-    lower = band_edge(tokens)
-    index = PREFILL_BANDS.index(lower)
-    return f"{lower}-{PREFILL_BANDS[index + 1] - 1}" if index + 1 < len(PREFILL_BANDS) else f"{lower}+"
-
-
-def _quartiles(values: list[float]) -> dict[str, float]:
-    if len(values) == 1:
-        return dict.fromkeys(("p25", "median", "p75"), round(values[0], 2))
-    p25, median, p75 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"p25": round(p25, 2), "median": round(median, 2), "p75": round(p75, 2)}
-
-
-def _iterations(timeline: dict[str, Any]) -> list[tuple[str, int, int, float]]:
-    """``(mode, prefill tokens, decode requests, ms)`` of every row, by the file's own columns."""
-    at = [timeline["columns"].index(c) for c in ("mode", "prefill_tokens", "decode_requests", "seconds")]
-    return [(row[at[0]], row[at[1]], row[at[2]], row[at[3]] * 1000) for row in timeline["iterations"]]
-
-
-def _by_band(prefills: dict[int, list[float]]) -> dict[str, dict[str, float]]:
-    return {band(edge): {"prefills": len(v), **_quartiles(v)} for edge, v in sorted(prefills.items())}
-
-
 HISTOGRAM_BIN_MS = 5
 
 
@@ -110,12 +90,12 @@ def _shape(tokens: int, requests: int) -> tuple[str, int]:
     return ("prefill", band_edge(tokens)) if tokens else ("decode", requests)
 
 
-def _over_unmerged(rows: list[tuple[str, int, int, float]], medians: dict[tuple[str, tuple[str, int]], float]
+def _over_unmerged(iterations: list[Row], medians: dict[tuple[str, tuple[str, int]], float]
                    ) -> dict[str, dict[str, float]]:
     """Per mode other than unmerge: the iterations compared and the sum of their mode's median
     less the unmerged median at the same shape, ms."""
     out: dict[str, dict[str, float]] = {}
-    for mode, tokens, requests, _ in rows:
+    for mode, tokens, requests, _ in iterations:
         shape = _shape(tokens, requests)
         if mode == "unmerge" or ("unmerge", shape) not in medians:
             continue
@@ -125,20 +105,22 @@ def _over_unmerged(rows: list[tuple[str, int, int, float]], medians: dict[tuple[
     return {mode: {"iterations": v["iterations"], "ms": round(v["ms"], 1)} for mode, v in sorted(out.items())}
 
 
-def _runs_of(mode: str, rows: list[tuple[str, int, int, float]]) -> int:
+def _runs_of(mode: str, iterations: list[Row]) -> int:
     """How many runs of consecutive ``mode`` iterations the timeline holds."""
-    return sum(1 for i, row in enumerate(rows) if row[0] == mode and (i == 0 or rows[i - 1][0] != mode))
+    return sum(1 for i, row in enumerate(iterations)
+               if row[0] == mode and (i == 0 or iterations[i - 1][0] != mode))
 
 
 def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """Decode steps by mode and batch size, prefills by mode and band, and per measurement its
-    iterations per mode, its decode steps' median and its prefills by band (any mode), with
-    their histogram, and its merged and mixture iterations against unmerged ones; ms."""
+    figures (:func:`bench.e2e.timeline_figures.figures_of`: iterations per mode, seconds busy,
+    decode steps' median, prefills by band in any mode), its prefills per mode, their histogram,
+    and its merged and mixture iterations against unmerged ones; ms."""
     decode: dict[tuple[str, int], list[float]] = defaultdict(list)
     prefill: dict[tuple[int, str], list[float]] = defaultdict(list)
-    read = [(measurement, timeline, _iterations(timeline)) for measurement, timeline in measured]
-    for _, _, rows in read:
-        for mode, tokens, requests, ms in rows:
+    read = [(measurement, timeline, rows(timeline)) for measurement, timeline in measured]
+    for _, _, iterations in read:
+        for mode, tokens, requests, ms in iterations:
             if tokens:
                 prefill[band_edge(tokens), mode].append(ms)
             else:
@@ -146,28 +128,20 @@ def summarise(measured: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str
     medians = {(mode, ("decode", n)): statistics.median(v) for (mode, n), v in decode.items()}
     medians |= {(mode, ("prefill", edge)): statistics.median(v) for (edge, mode), v in prefill.items()}
     measurements = []
-    for measurement, timeline, rows in read:
-        steps = [ms for _, tokens, _, ms in rows if not tokens]
-        own_prefills: dict[int, list[float]] = defaultdict(list)
-        for _, tokens, _, ms in rows:
-            if tokens:
-                own_prefills[band_edge(tokens)].append(ms)
+    for measurement, timeline, iterations in read:
         measurements.append({
             "system": measurement["system"], "point": measurement["point"], "repeat": measurement.get("repeat"),
             "trace_seed": measurement.get("trace_seed"), "complete": timeline.get("complete"),
-            "iterations": dict(sorted(Counter(mode for mode, *_ in rows).items())),
-            "prefills_by_mode": dict(sorted(Counter(mode for mode, tokens, _, _ in rows if tokens).items())),
-            "busy_s": round(sum(ms for *_, ms in rows) / 1000, 3),
-            "decode_step_median_ms": round(statistics.median(steps), 3) if steps else None,
-            "prefill_ms_by_band": _by_band(own_prefills),
-            "prefill_histogram_ms": _histograms(own_prefills),
-            "over_unmerged_ms": _over_unmerged(rows, medians),
-            "mixture_runs": _runs_of("mixture", rows),
+            **figures_of(iterations),
+            "prefills_by_mode": dict(sorted(Counter(mode for mode, tokens, _, _ in iterations if tokens).items())),
+            "prefill_histogram_ms": _histograms(prefills_by_band(iterations)),
+            "over_unmerged_ms": _over_unmerged(iterations, medians),
+            "mixture_runs": _runs_of("mixture", iterations),
         })
     return {
         "decode_steps": [{"mode": mode, "decode_requests": n, "steps": len(v), "median_ms": round(statistics.median(v), 3)}
                          for (mode, n), v in sorted(decode.items(), key=lambda kv: (kv[0][1], kv[0][0]))],
-        "prefills": [{"mode": mode, "tokens": band(edge), "prefills": len(v), **_quartiles(v)}
+        "prefills": [{"mode": mode, "tokens": band(edge), "prefills": len(v), **quartiles(v)}
                      for (edge, mode), v in sorted(prefill.items())],
         "measurements": measurements,
     }

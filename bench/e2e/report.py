@@ -774,6 +774,35 @@ def cost_parts_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                    "unqueued prefill over the floor's ms", "waits / unqueued prefill"), lines)
 
 
+def iteration_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point, system with an orchestrator and revision, from the timeline figures the results
+    keep (:mod:`bench.e2e.timeline_figures`; calls since they were kept): the median over rounds of
+    a round's median decode step and, per prompt-token band, of a round's median prefill
+    iteration, ms. Why: an eager prefill is bound by the host, so the same code's iterations move
+    with the host's speed; this shows whether two revisions' rounds ran the same iterations
+    without the logs the timelines were saved in."""
+    rounds: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        revision = ((run.get("code") or {}).get("revision") or "?")[:7]
+        for m in run["measurements"]:
+            figures = (m.get("timeline") or {}).get("figures") if m.get("status") == "ok" else None
+            if figures:
+                rounds[m["point"], m["system"], revision].append(figures)
+    lines = []
+    for (point, system, revision), figures in sorted(rounds.items()):
+        steps = [f["decode_step_median_ms"] for f in figures if f["decode_step_median_ms"] is not None]
+        bands: dict[str, list[float]] = defaultdict(list)
+        for f in figures:
+            for band, quartiles in f["prefill_ms_by_band"].items():
+                bands[band].append(quartiles["median"])
+        band_cells = "; ".join(f"{band} {statistics.median(v):.1f} ({len(v)})"
+                               for band, v in sorted(bands.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+"))))
+        step_cell = f"{statistics.median(steps):.2f} ({len(steps)})" if steps else "-"
+        lines.append(f"| {point} | {system} | {revision} | {len(figures)} | {step_cell} | {band_cells or '-'} |")
+    return _table(("point", "system", "revision", "rounds", "decode step ms (rounds)",
+                   "prefill iteration ms by prompt tokens (rounds)"), lines)
+
+
 def _counts(d: Any) -> str:
     if not isinstance(d, dict):
         return "-"
@@ -825,6 +854,8 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
                          ("A LoRA cost in parts: first token, decode steps, decode waiting for prefills",
                           cost_parts_table),
+                         ("Ours' iterations by revision (the timelines' figures, median over rounds)",
+                          iteration_table),
                          ("Mean E2E above a peer's, by round and by call", above_table),
                          ("LoRA cost by revision, alone on the host or beside another call", neighbour_table),
                          ("Against the LoRA-cost targets", target_table),

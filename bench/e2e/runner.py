@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.e2e import cpu_pinning, gpu_clocks, host_probe, host_time, measure, plan, servers
+from bench.e2e import cpu_pinning, gpu_clocks, host_probe, host_time, measure, plan, servers, timeline_figures
 from bench.e2e.plan import Call, Measurement, Point
 from bench.e2e.sglang_client import Worker
 from bench.workloads import Request
@@ -170,7 +170,9 @@ def measure_one(server: ServerProcess, system: plan.System, point: Point, names:
 def save_timeline(server: ServerProcess, system: str, point: str, since: float, log_dir: Path) -> dict[str, Any] | None:
     """Every iteration ours timed during the measurement (``GET /vlora/timeline``), written to
     ``<log-dir>/timelines/`` beside the server logs (a round's 1-2k iterations would double a
-    results file); the results keep the file's name, how many and whether none was dropped."""
+    results file); the results keep the file's name, how many, whether none was dropped, and its
+    figures (:func:`bench.e2e.timeline_figures.figures`: prefills by band, decode steps' median),
+    which outlive the logs."""
     timeline = servers.vlora_timeline(server, since)
     if timeline is None:
         return None
@@ -178,7 +180,7 @@ def save_timeline(server: ServerProcess, system: str, point: str, since: float, 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, timeline)
     return {"file": str(path.relative_to(log_dir)), "iterations": len(timeline.get("iterations", [])),
-            "complete": timeline.get("complete")}
+            "complete": timeline.get("complete"), "figures": timeline_figures.figures(timeline)}
 
 
 def _expected_s(point: Point) -> float:

@@ -455,3 +455,24 @@ def test_cost_parts_split_a_lora_cost_into_first_token_decode_steps_and_waits():
     other = {**atmm, "system": "zz_other"}
     rows = report.cost_parts_table([_run("two", [floor, other, atmm])])[2:]
     assert [row.split(" | ")[1] for row in rows] == ["unmerge_only", "zz_other"]
+
+
+def test_iteration_table_sets_revisions_side_by_side_from_the_kept_timeline_figures():
+    def with_figures(repeat: int, step: float | None, bands: dict[str, float], status: str = "ok") -> dict:
+        m = _measurement("unmerge_only", "sgl-mixed", repeat, 900, status=status)
+        by_band = {band: {"prefills": 3, "p25": ms - 5, "median": ms, "p75": ms + 5} for band, ms in bands.items()}
+        return m | {"timeline": {"file": "t.json", "iterations": 9, "complete": True, "figures": {
+            "iterations": {"unmerge": 9}, "busy_s": 1.0, "decode_step_median_ms": step, "prefill_ms_by_band": by_band}}}
+
+    older = _run("older", [with_figures(0, 8.0, {"1024-2047": 50.0}), with_figures(1, 9.0, {"1024-2047": 60.0}),
+                           with_figures(2, 10.0, {"1024-2047": 70.0, "2048-4095": 90.0}),
+                           _measurement("nolora", "sgl-mixed", 0, 800)])  # the floor keeps no timeline
+    newer = _run("newer", [with_figures(0, None, {"8192+": 200.0, "1-255": 40.0}),
+                           with_figures(1, 7.0, {"1024-2047": 99.0}, status="failed")])  # a failed round counts not
+    newer["code"] = {"revision": "b" * 40, "dirty": False}
+    lines = report.iteration_table([newer, older])
+    assert lines[2:] == [
+        "| sgl-mixed | unmerge_only | aaaaaaa | 3 | 9.00 (3) | 1024-2047 60.0 (3); 2048-4095 90.0 (1) |",
+        "| sgl-mixed | unmerge_only | bbbbbbb | 1 | - | 1-255 40.0 (1); 8192+ 200.0 (1) |"]
+    # calls from before the figures were kept have no rows, and no table without any
+    assert report.iteration_table([_run("before", [_measurement("unmerge_only", "sgl-mixed", 0, 900)])]) == []

@@ -11,7 +11,7 @@ import json
 from PIL import Image
 
 from bench import run_e2e
-from bench.e2e import report, runner
+from bench.e2e import report, runner, timeline_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SYSTEMS = ["nolora", "vlora", "unmerge_only"]
@@ -56,6 +56,12 @@ def test_smoke_call_on_cpu_and_its_report(tmp_path):
         # every iteration ours timed during the measurement, in a file beside the server logs
         timeline = json.loads((tmp_path / "logs" / m["timeline"]["file"]).read_text())
         assert m["timeline"]["iterations"] == len(timeline["iterations"]) > 0 and m["timeline"]["complete"]
+        figures = m["timeline"]["figures"]  # the saved file's figures, kept in the results
+        assert figures == timeline_figures.figures(timeline)
+        assert sum(figures["iterations"].values()) == len(timeline["iterations"])
+        prefilled = timeline["columns"].index("prefill_tokens")
+        assert sum(b["prefills"] for b in figures["prefill_ms_by_band"].values()) == sum(
+            1 for row in timeline["iterations"] if row[prefilled]) > 0
         assert all(row[0] >= m["started_at_unix"] - 1 for row in timeline["iterations"])
         reasons, decisions = m["orchestrator"]["decision_reasons"], m["orchestrator"]["decisions"]
         assert sum(reasons.values()) == sum(decisions.values()) > 0, (reasons, decisions)
