@@ -38,22 +38,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import provenance  # noqa: E402
-from server_log_counts import read_calls, write_calls  # noqa: E402
-
-from bench.e2e.timeline_figures import (  # noqa: E402
-    Row,
-    band,
-    band_edge,
-    figures_of,
-    prefills_by_band,
-    quartiles,
-    rows,
-)
+from bench import provenance  # noqa: E402
+from bench.e2e.timeline_figures import Row, band, band_edge, figures_of, prefills_by_band, quartiles, rows  # noqa: E402
+from bench.server_log_counts import read_calls, write_calls  # noqa: E402
 
 
 def timelines(results: dict[str, Any], logs_path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
