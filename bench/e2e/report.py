@@ -786,7 +786,7 @@ def iteration_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         revision = ((run.get("code") or {}).get("revision") or "?")[:7]
         for m in run["measurements"]:
             figures = (m.get("timeline") or {}).get("figures") if m.get("status") == "ok" else None
-            if figures:
+            if figures and "error" not in figures:
                 rounds[m["point"], m["system"], revision].append(figures)
     lines = []
     for (point, system, revision), figures in sorted(rounds.items()):

@@ -179,8 +179,12 @@ def save_timeline(server: ServerProcess, system: str, point: str, since: float, 
     path = log_dir / "timelines" / f"{system}_{point}_{since:.0f}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, timeline)
+    try:
+        figures = timeline_figures.figures(timeline)
+    except (KeyError, ValueError, TypeError, IndexError) as e:  # the file is kept; its figures never fail a round
+        figures = {"error": f"{type(e).__name__}: {e}"}
     return {"file": str(path.relative_to(log_dir)), "iterations": len(timeline.get("iterations", [])),
-            "complete": timeline.get("complete"), "figures": timeline_figures.figures(timeline)}
+            "complete": timeline.get("complete"), "figures": figures}
 
 
 def _expected_s(point: Point) -> float:

@@ -467,8 +467,10 @@ def test_iteration_table_sets_revisions_side_by_side_from_the_kept_timeline_figu
     older = _run("older", [with_figures(0, 8.0, {"1024-2047": 50.0}), with_figures(1, 9.0, {"1024-2047": 60.0}),
                            with_figures(2, 10.0, {"1024-2047": 70.0, "2048-4095": 90.0}),
                            _measurement("nolora", "sgl-mixed", 0, 800)])  # the floor keeps no timeline
+    unread = with_figures(2, 7.0, {})
+    unread["timeline"]["figures"] = {"error": "KeyError: 'columns'"}  # a timeline the runner could not read
     newer = _run("newer", [with_figures(0, None, {"8192+": 200.0, "1-255": 40.0}),
-                           with_figures(1, 7.0, {"1024-2047": 99.0}, status="failed")])  # a failed round counts not
+                           with_figures(1, 7.0, {"1024-2047": 99.0}, status="failed"), unread])  # neither counts
     newer["code"] = {"revision": "b" * 40, "dirty": False}
     lines = report.iteration_table([newer, older])
     assert lines[2:] == [

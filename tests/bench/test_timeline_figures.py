@@ -40,3 +40,18 @@ def test_an_empty_timeline_has_no_figures_to_lie_with():
 def test_a_timeline_without_a_needed_column_is_refused():
     with pytest.raises(ValueError):
         timeline_figures.figures(_timeline([[1.0, "unmerge", 0, 0.01]], ("at", "mode", "prefill_tokens", "seconds")))
+
+
+def test_the_runner_keeps_a_timeline_it_cannot_summarise_and_says_why(tmp_path, monkeypatch):
+    from bench.e2e import runner, servers
+
+    good = _timeline([[1.0, "unmerge", 1300, 0, 0.05]])
+    monkeypatch.setattr(servers, "vlora_timeline", lambda server, since: good)
+    kept = runner.save_timeline(None, "unmerge_only", "sgl-prefill", 1000.0, tmp_path)
+    assert kept["figures"] == timeline_figures.figures(good) and (tmp_path / kept["file"]).is_file()
+
+    odd = {"since": 0.0, "complete": True, "iterations": [[1.0, "unmerge", 1300, 0, 0.05]]}  # no columns
+    monkeypatch.setattr(servers, "vlora_timeline", lambda server, since: odd)
+    kept = runner.save_timeline(None, "unmerge_only", "sgl-prefill", 1001.0, tmp_path)
+    assert kept["figures"] == {"error": "KeyError: 'columns'"} and kept["iterations"] == 1
+    assert (tmp_path / kept["file"]).is_file()  # the file is written all the same
