@@ -774,6 +774,48 @@ def cost_parts_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                    "unqueued prefill over the floor's ms", "waits / unqueued prefill"), lines)
 
 
+def _correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson's r of ``xs`` and ``ys``; None under 4 pairs or where either is constant."""
+    if len(xs) < 4:
+        return None
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return None
+
+
+def floor_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point and LoRA system with at least 4 rounds beside the floor: how its LoRA cost a
+    round goes with that round's floor mean (Pearson's r), and with its own unqueued prefill's
+    cost (:func:`unqueued_ttft`, both over the floor's). Why: a round's cost is read against one
+    floor round, whose own mean moves with the host; a strongly negative first r says the floor's
+    noise, not the system, moves the round's cost."""
+    rounds: dict[tuple[str, str], list[tuple[float, float, float | None]]] = defaultdict(list)
+    for run in runs:
+        for (point, _), by_system in _measured_rounds(run).items():
+            floor = by_system.get(plan.FLOOR)
+            if floor is None:
+                continue
+            floor_mean, floor_unqueued = floor["metrics"]["e2e_ms"]["mean"], unqueued_ttft(floor)
+            for system, m in by_system.items():
+                if system == plan.FLOOR:
+                    continue
+                unqueued = unqueued_ttft(m)
+                prefill = None if None in (unqueued, floor_unqueued) else unqueued - floor_unqueued
+                rounds[point, system].append((floor_mean, m["metrics"]["e2e_ms"]["mean"] - floor_mean, prefill))
+    lines = []
+    for (point, system), figures in sorted(rounds.items(), key=_point_system_order):
+        with_floor = _correlation([f for f, _, _ in figures], [c for _, c, _ in figures])
+        if with_floor is None:
+            continue
+        paired = [(c, p) for _, c, p in figures if p is not None]
+        with_prefill = _correlation([c for c, _ in paired], [p for _, p in paired])
+        cell = "-" if with_prefill is None else f"{with_prefill:+.2f}"
+        lines.append(f"| {point} | {system} | {len(figures)} | {with_floor:+.2f} | {cell} |")
+    return _table(("point", "system", "rounds", "r: LoRA cost a round with the round's floor mean",
+                   "r: LoRA cost with its unqueued prefill's cost"), lines)
+
+
 def iteration_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per point, system with an orchestrator and revision, from the timeline figures the results
     keep (:mod:`bench.e2e.timeline_figures`; calls since they were kept): the median over rounds of
@@ -856,6 +898,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                           cost_parts_table),
                          ("Ours' iterations by revision (the timelines' figures, median over rounds)",
                           iteration_table),
+                         ("A round's LoRA cost against its floor round's mean", floor_table),
                          ("Mean E2E above a peer's, by round and by call", above_table),
                          ("LoRA cost by revision, alone on the host or beside another call", neighbour_table),
                          ("Against the LoRA-cost targets", target_table),

@@ -478,3 +478,24 @@ def test_iteration_table_sets_revisions_side_by_side_from_the_kept_timeline_figu
         "| sgl-mixed | unmerge_only | bbbbbbb | 1 | - | 1-255 40.0 (1); 8192+ 200.0 (1) |"]
     # calls from before the figures were kept have no rows, and no table without any
     assert report.iteration_table([_run("before", [_measurement("unmerge_only", "sgl-mixed", 0, 900)])]) == []
+
+
+def test_floor_table_says_how_a_rounds_cost_goes_with_its_floor_and_its_own_prefill():
+    def timed(system: str, repeat: int, mean: float, first_ttft: float | None) -> dict:
+        m = _measurement(system, "sgl-mixed", repeat, mean)
+        if first_ttft is not None:  # the 10th percentile of 20 TTFTs is the third smallest: first + 2
+            m["per_request"] = {"ttft_ms": [first_ttft + i for i in range(20)]}
+        return m
+
+    floors = [800.0, 900.0, 1000.0, 1100.0]
+    costs = [120.0, 90.0, 60.0, 30.0]  # a slower floor, a smaller cost: r = -1
+    prefills = [10.0, 8.0, 6.0, 4.0]  # the unqueued prefill's cost falls with it: r = +1
+    measured = []
+    for r, (floor, cost, prefill) in enumerate(zip(floors, costs, prefills, strict=True)):
+        measured += [timed("nolora", r, floor, 50.0), timed("unmerge_only", r, floor + cost, 50.0 + prefill),
+                     timed("csgmv", r, floor + 100 + r, None)]  # no TTFTs: no second r
+    lines = report.floor_table([_run("one", measured)])
+    assert lines[2:] == ["| sgl-mixed | csgmv | 4 | +1.00 | - |", "| sgl-mixed | unmerge_only | 4 | -1.00 | +1.00 |"]
+    # under four rounds beside a floor, no row; without the floor, none at all
+    assert report.floor_table([_run("few", measured[:9])]) == []
+    assert report.floor_table([_run("no floor", [m for m in measured if m["system"] != "nolora"])]) == []
