@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench import provenance
-from bench.e2e import plan, servers
+from bench.e2e import plan, servers, timeline_figures
 from bench.provenance import revision_label
 
 SCHEMAS = ("sglang-vlora/e2e/v2",)
@@ -650,7 +650,7 @@ def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         return []
     groups: dict[tuple[str, str, bool], list[dict[str, float]]] = defaultdict(list)
     for run in runs:
-        revision = ((run.get("code") or {}).get("revision") or "?")[:7]
+        revision = revision_label(run.get("code") or {})
         for (point, _), by_system in _measured_rounds(run).items():
             if plan.FLOOR in by_system:
                 means = {system: m["metrics"]["e2e_ms"]["mean"] for system, m in by_system.items()}
@@ -825,7 +825,7 @@ def iteration_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     without the logs the timelines were saved in."""
     rounds: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
-        revision = ((run.get("code") or {}).get("revision") or "?")[:7]
+        revision = revision_label(run.get("code") or {})
         for m in run["measurements"]:
             figures = (m.get("timeline") or {}).get("figures") if m.get("status") == "ok" else None
             if figures and "error" not in figures:
@@ -837,8 +837,8 @@ def iteration_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         for f in figures:
             for band, quartiles in f["prefill_ms_by_band"].items():
                 bands[band].append(quartiles["median"])
-        band_cells = "; ".join(f"{band} {statistics.median(v):.1f} ({len(v)})"
-                               for band, v in sorted(bands.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+"))))
+        band_cells = "; ".join(f"{band} {statistics.median(bands[band]):.1f} ({len(bands[band])})"
+                               for band in timeline_figures.BAND_NAMES if band in bands)
         step_cell = f"{statistics.median(steps):.2f} ({len(steps)})" if steps else "-"
         lines.append(f"| {point} | {system} | {revision} | {len(figures)} | {step_cell} | {band_cells or '-'} |")
     return _table(("point", "system", "revision", "rounds", "decode step ms (rounds)",

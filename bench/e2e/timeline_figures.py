@@ -35,6 +35,10 @@ def band(tokens: int) -> str:
     return f"{lower}-{PREFILL_BANDS[index + 1] - 1}" if index + 1 < len(PREFILL_BANDS) else f"{lower}+"
 
 
+BAND_NAMES = tuple(band(edge) for edge in PREFILL_BANDS)
+"""Every band's name (:func:`band`), in order of prompt length."""
+
+
 def quartiles(values: list[float]) -> dict[str, float]:
     """The 25th percentile, median and 75th percentile of ``values`` (at least one), rounded."""
     if len(values) == 1:

@@ -403,8 +403,8 @@ def test_calls_of_one_parallel_start_are_told_apart_from_calls_alone_with_their_
     assert report.beside_another([left, right, alone, plain]) == {
         "left": True, "right": True, "alone": False, "plain": False}
     assert report.neighbour_table([left, right, alone, plain])[2:] == [
-        "| sgl-mixed | aaaaaaa | no | 2 | 850.0 | +75.0 (n=2) | - | +250.0 (n=2) | - |",
-        "| sgl-mixed | aaaaaaa | yes | 2 | 1050.0 | +50.0 (n=2) | - | +400.0 (n=2) | - |"]
+        "| sgl-mixed | aaaaaaaaaa | no | 2 | 850.0 | +75.0 (n=2) | - | +250.0 (n=2) | - |",
+        "| sgl-mixed | aaaaaaaaaa | yes | 2 | 1050.0 | +50.0 (n=2) | - | +400.0 (n=2) | - |"]
     # no call beside another: nothing to compare, no table
     assert report.neighbour_table([alone, plain]) == []
 
@@ -471,11 +471,11 @@ def test_iteration_table_sets_revisions_side_by_side_from_the_kept_timeline_figu
     unread["timeline"]["figures"] = {"error": "KeyError: 'columns'"}  # a timeline the runner could not read
     newer = _run("newer", [with_figures(0, None, {"8192+": 200.0, "1-255": 40.0}),
                            with_figures(1, 7.0, {"1024-2047": 99.0}, status="failed"), unread])  # neither counts
-    newer["code"] = {"revision": "b" * 40, "dirty": False}
+    newer["code"] = {"revision": "b" * 40, "dirty": True}  # a dirty checkout's rounds are named so
     lines = report.iteration_table([newer, older])
     assert lines[2:] == [
-        "| sgl-mixed | unmerge_only | aaaaaaa | 3 | 9.00 (3) | 1024-2047 60.0 (3); 2048-4095 90.0 (1) |",
-        "| sgl-mixed | unmerge_only | bbbbbbb | 1 | - | 1-255 40.0 (1); 8192+ 200.0 (1) |"]
+        "| sgl-mixed | unmerge_only | aaaaaaaaaa | 3 | 9.00 (3) | 1024-2047 60.0 (3); 2048-4095 90.0 (1) |",
+        "| sgl-mixed | unmerge_only | bbbbbbbbbb DIRTY | 1 | - | 1-255 40.0 (1); 8192+ 200.0 (1) |"]
     # calls from before the figures were kept have no rows, and no table without any
     assert report.iteration_table([_run("before", [_measurement("unmerge_only", "sgl-mixed", 0, 900)])]) == []
 
