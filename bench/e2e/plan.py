@@ -71,6 +71,10 @@ SYSTEMS = {s.name: s for s in (
            "--vlora-eager-in-gemm-max-tokens 2048` (ATMM alone, eager batches of up to 2048 tokens with "
            "the shrink inside the base GEMM: every one-prompt batch of the benchmark's prefills)", plugin=True,
            policy="unmerge-only", extra_flags=("--vlora-eager-in-gemm-max-tokens", "2048")),
+    System("unmerge_only_no_small_gemm", "`--plugin vlora --vlora-policy unmerge-only "
+           "--vlora-eager-small-gemm-max-tokens 0` (ATMM alone without the one kernel of small eager batches: "
+           "the plugin's eager path before bef3295, beside the code as it stands in one call)", plugin=True,
+           policy="unmerge-only", extra_flags=("--vlora-eager-small-gemm-max-tokens", "0")),
     System("merge_only", "`--plugin vlora --vlora-policy merge-only` (one adapter merged at a time)",
            plugin=True, policy="merge-only"),
     System("vlora_paper", "`--plugin vlora --vlora-admission algorithm1 --vlora-keep-merged majority` "

@@ -30,17 +30,17 @@ def test_every_call_names_known_systems_and_points():
         assert set(call.systems) <= set(plan.SYSTEMS)
         assert set(call.points) <= set(plan.points_of(call.scale))
     covered = {s for name in plan.FULL for s in plan.CALLS[name].systems}
-    # the full benchmark runs every system but nine variants, run by name (--systems): two of the
+    # the full benchmark runs every system but ten variants, run by name (--systems): two of the
     # admission rules, vlora_plurality (our defaults spelled out) and vlora_admit_all, the merged
     # adapter kept while popular (vlora_keep_popular, with share 0.4, and over 64 arrivals), and ATMM alone
-    # with the LoRA in its GEMM, with every eager shrink as its own kernel or with the shrink inside
-    # the base GEMM up to 1536 or 2048 tokens; and the floor's twin, which only the resolution
-    # call runs
+    # with the LoRA in its GEMM, with every eager shrink as its own kernel, with the shrink inside
+    # the base GEMM up to 1536 or 2048 tokens or without the one kernel of small eager batches; and
+    # the floor's twin, which only the resolution call runs
     assert covered == set(plan.SYSTEMS) - {"nolora_twin", "vlora_plurality", "vlora_admit_all", "vlora_keep_popular",
                                            "vlora_popular_40", "vlora_popular_64_40",
                                            "unmerge_only_lora_gemm",
                                            "unmerge_only_separate_shrink", "unmerge_only_in_gemm_1536",
-                                           "unmerge_only_in_gemm_2048"}
+                                           "unmerge_only_in_gemm_2048", "unmerge_only_no_small_gemm"}
     assert plan.SYSTEMS["unmerge_only_lora_gemm"].flags() == [
         "--plugin", "vlora", "--vlora-policy", "unmerge-only", "--vlora-lora-gemm", "on"]
     assert plan.SYSTEMS["unmerge_only_separate_shrink"].flags() == [
@@ -48,6 +48,8 @@ def test_every_call_names_known_systems_and_points():
     assert plan.SYSTEMS["unmerge_only_in_gemm_1536"].flags() == [
         "--plugin", "vlora", "--vlora-policy", "unmerge-only", "--vlora-eager-in-gemm-max-tokens", "1536"]
     assert plan.SYSTEMS["unmerge_only_in_gemm_2048"].flags()[-2:] == ["--vlora-eager-in-gemm-max-tokens", "2048"]
+    assert plan.SYSTEMS["unmerge_only_no_small_gemm"].flags() == [
+        "--plugin", "vlora", "--vlora-policy", "unmerge-only", "--vlora-eager-small-gemm-max-tokens", "0"]
     assert plan.SYSTEMS["vlora"].flags() == ["--plugin", "vlora"]  # ours: the defaults, nothing tuned
     assert not plan.SYSTEMS["nolora"].lora and plan.SYSTEMS["nolora"].flags() == []
     assert plan.SYSTEMS["vlora_plurality"].flags() == [
