@@ -103,6 +103,9 @@ SYSTEMS = {
     # the same server with eager batches' shrink as its own kernel, not inside the base GEMM
     "atmm_separate_shrink": ["--plugin", "vlora", "--vlora-policy", "unmerge-only",
                              "--vlora-eager-in-gemm-max-tokens", "0"],
+    # the same server without the one kernel of small eager batches (the eager path before bef3295)
+    "atmm_no_small_gemm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only",
+                           "--vlora-eager-small-gemm-max-tokens", "0"],
     "vlora": ["--plugin", "vlora"],
 }
 SYSTEM_ENV = {"atmm_triton_launch": {"SGLANG_VLORA_DIRECT_LAUNCH": "0"}}

@@ -305,3 +305,14 @@ def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
                           "--interleaved", "3", "--sample-host", "500", "--scenarios", "prefill1",
                           "prefill16_in_decode8"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 2 and "timed only in interleaved rounds" in run.stderr  # host samples would count it
+
+
+def test_the_profiled_atmm_variants_run_the_e2e_harness_flags() -> None:
+    """A profile of a variant explains the end-to-end system of the same name only if both
+    start the server with the same flags."""
+    from bench.e2e import plan
+    from bench.profile_server import SYSTEMS
+
+    assert SYSTEMS["atmm"] == plan.SYSTEMS["unmerge_only"].flags()
+    assert SYSTEMS["atmm_separate_shrink"] == plan.SYSTEMS["unmerge_only_separate_shrink"].flags()
+    assert SYSTEMS["atmm_no_small_gemm"] == plan.SYSTEMS["unmerge_only_no_small_gemm"].flags()
