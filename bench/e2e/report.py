@@ -19,7 +19,7 @@ import random
 import re
 import statistics
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -668,6 +668,35 @@ def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                    *(f"{system} LoRA cost ms" for system in NEIGHBOUR_SYSTEMS)), lines)
 
 
+def unqueued_revision_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point and revision (:func:`revision_label`): rounds, the floor's unqueued prefill
+    (TTFT's 10th percentile, :func:`unqueued_ttft`; mean over rounds) and each LoRA system's
+    over the floor's of its own round (mean, rounds). The same cost as
+    :func:`unqueued_table`'s, by revision: whether one prefill's LoRA cost moved between sets of
+    calls in one system alone or in every LoRA server. Shown where a point has rounds of more
+    than one revision."""
+    groups: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
+    for run in runs:
+        revision = revision_label(run.get("code") or {})
+        for (point, _), by_system in _measured_rounds(run).items():
+            low = {system: value for system, m in by_system.items() if (value := unqueued_ttft(m)) is not None}
+            if plan.FLOOR in low:
+                groups[point, revision].append(low)
+    points = Counter(point for point, _ in groups)
+    lines = []
+    for (point, revision), rounds in sorted(groups.items()):
+        if points[point] < 2:
+            continue
+        cells = []
+        for system in NEIGHBOUR_SYSTEMS:
+            costs = [r[system] - r[plan.FLOOR] for r in rounds if system in r]
+            cells.append(f"{statistics.fmean(costs):+.1f} (n={len(costs)})" if costs else "-")
+        floor = statistics.fmean(r[plan.FLOOR] for r in rounds)
+        lines.append(f"| {point} | {revision} | {len(rounds)} | {floor:.1f} | " + " | ".join(cells) + " |")
+    return _table(("point", "revision", "rounds", "floor's TTFT p10 ms",
+                   *(f"{system} over the floor's, ms" for system in NEIGHBOUR_SYSTEMS)), lines)
+
+
 # A round whose inter-token latency has its 90th percentile above this many times its median had
 # its decode batch interrupted by prefills in more than one token gap in ten.
 INTERRUPTED_P90_OVER_MEDIAN = 3.0
@@ -893,6 +922,7 @@ def markdown(runs: Sequence[dict[str, Any]]) -> str:
                          ("LoRA cost request trace by request trace (densest arrivals first)", trace_table),
                          ("LoRA cost by the top adapter's share of a round's requests", popularity_table),
                          ("One prefill without a queue: TTFT's 10th percentile", unqueued_table),
+                         ("One prefill without a queue, by revision", unqueued_revision_table),
                          ("Rounds whose decode was interrupted by prefills", interrupted_table),
                          ("A LoRA cost in parts: first token, decode steps, decode waiting for prefills",
                           cost_parts_table),

@@ -482,6 +482,27 @@ def test_iteration_table_sets_revisions_side_by_side_from_the_kept_timeline_figu
     assert report.iteration_table([_run("before", [_measurement("unmerge_only", "sgl-mixed", 0, 900)])]) == []
 
 
+def test_unqueued_revision_table_sets_each_revisions_prefill_cost_side_by_side():
+    def timed(system: str, repeat: int, first_ttft: float | None) -> dict:
+        m = _measurement(system, "sgl-mixed", repeat, 900)
+        if first_ttft is not None:  # the 10th percentile of 20 TTFTs is the third smallest: first + 2
+            m["per_request"] = {"ttft_ms": [first_ttft + i for i in range(20)]}
+        return m
+
+    older = _run("older", [timed("nolora", 0, 60.0), timed("unmerge_only", 0, 65.0), timed("csgmv", 0, 80.0),
+                           timed("nolora", 1, 70.0), timed("unmerge_only", 1, 77.0), timed("csgmv", 1, None)])
+    newer = _run("newer", [timed("nolora", 0, 80.0), timed("unmerge_only", 0, 91.0), timed("csgmv", 0, 104.0),
+                           timed("unmerge_only", 1, 95.0)])  # a round without the floor: no row of its own
+    newer["code"] = {"revision": "b" * 40, "dirty": False}
+    lines = report.unqueued_revision_table([newer, older])
+    assert lines[0] == ("| point | revision | rounds | floor's TTFT p10 ms | vlora over the floor's, ms | "
+                        "unmerge_only over the floor's, ms | csgmv over the floor's, ms | triton over the floor's, ms |")
+    assert lines[2:] == ["| sgl-mixed | aaaaaaaaaa | 2 | 67.0 | - | +6.0 (n=2) | +20.0 (n=1) | - |",
+                         "| sgl-mixed | bbbbbbbbbb | 1 | 82.0 | - | +11.0 (n=1) | +24.0 (n=1) | - |"]
+    # one revision alone: the unqueued table already says it, no table
+    assert report.unqueued_revision_table([older]) == []
+
+
 def test_floor_table_says_how_a_rounds_cost_goes_with_its_floor_and_its_own_prefill():
     def timed(system: str, repeat: int, mean: float, first_ttft: float | None) -> dict:
         m = _measurement(system, "sgl-mixed", repeat, mean)
