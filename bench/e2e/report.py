@@ -640,6 +640,17 @@ def beside_another(runs: Sequence[dict[str, Any]]) -> dict[str, bool]:
     return {run["run_id"]: len(ids_by_start.get(parallel_start(run) or "", ())) > 1 for run in runs}
 
 
+def _over_floor_cells(rounds: Sequence[dict[str, float]]) -> str:
+    """The last cells of a by-revision row: over ``rounds`` (a figure per system, the floor's
+    among them), the floor's mean, then each of :data:`NEIGHBOUR_SYSTEMS`' mean over the floor of
+    its own round with how many rounds measured it ("-" where none did)."""
+    cells = [f"{statistics.fmean(r[plan.FLOOR] for r in rounds):.1f}"]
+    for system in NEIGHBOUR_SYSTEMS:
+        costs = [r[system] - r[plan.FLOOR] for r in rounds if system in r]
+        cells.append(f"{statistics.fmean(costs):+.1f} (n={len(costs)})" if costs else "-")
+    return " | ".join(cells) + " |"
+
+
 def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Per point, revision and whether the call ran beside another of these calls
     (:func:`beside_another`): rounds, the floor's mean E2E and each LoRA system's mean cost over
@@ -655,15 +666,8 @@ def neighbour_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             if plan.FLOOR in by_system:
                 means = {system: m["metrics"]["e2e_ms"]["mean"] for system, m in by_system.items()}
                 groups[point, revision, beside[run["run_id"]]].append(means)
-    lines = []
-    for (point, revision, side), rounds in sorted(groups.items()):
-        cells = []
-        for system in NEIGHBOUR_SYSTEMS:
-            costs = [r[system] - r[plan.FLOOR] for r in rounds if system in r]
-            cells.append(f"{statistics.fmean(costs):+.1f} (n={len(costs)})" if costs else "-")
-        floor = statistics.fmean(r[plan.FLOOR] for r in rounds)
-        lines.append(f"| {point} | {revision} | {'yes' if side else 'no'} | {len(rounds)} | {floor:.1f} | "
-                     + " | ".join(cells) + " |")
+    lines = [f"| {point} | {revision} | {'yes' if side else 'no'} | {len(rounds)} | " + _over_floor_cells(rounds)
+             for (point, revision, side), rounds in sorted(groups.items())]
     return _table(("point", "revision", "beside another call", "rounds", "floor ms",
                    *(f"{system} LoRA cost ms" for system in NEIGHBOUR_SYSTEMS)), lines)
 
@@ -683,16 +687,8 @@ def unqueued_revision_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             if plan.FLOOR in low:
                 groups[point, revision].append(low)
     points = Counter(point for point, _ in groups)
-    lines = []
-    for (point, revision), rounds in sorted(groups.items()):
-        if points[point] < 2:
-            continue
-        cells = []
-        for system in NEIGHBOUR_SYSTEMS:
-            costs = [r[system] - r[plan.FLOOR] for r in rounds if system in r]
-            cells.append(f"{statistics.fmean(costs):+.1f} (n={len(costs)})" if costs else "-")
-        floor = statistics.fmean(r[plan.FLOOR] for r in rounds)
-        lines.append(f"| {point} | {revision} | {len(rounds)} | {floor:.1f} | " + " | ".join(cells) + " |")
+    lines = [f"| {point} | {revision} | {len(rounds)} | " + _over_floor_cells(rounds)
+             for (point, revision), rounds in sorted(groups.items()) if points[point] > 1]
     return _table(("point", "revision", "rounds", "floor's TTFT p10 ms",
                    *(f"{system} over the floor's, ms" for system in NEIGHBOUR_SYSTEMS)), lines)
 
