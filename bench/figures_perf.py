@@ -242,12 +242,24 @@ def perf_host_modules_kept(result: dict[str, Any]) -> str:
     return host_modules_table(result)
 
 
-def host_modules_table(result: dict[str, Any]) -> str:
-    """The table of :func:`perf_host_modules` for one ``profile_server.py --sample-host`` result."""
-    systems = ("nolora", "nolora2", "atmm", "csgmv")
-    labels = {"nolora": "no LoRA", "nolora2": "no LoRA, control", "atmm": "ATMM", "csgmv": "csgmv"}
-    latency = result["interleaved_latency"]["prefill16"]
-    host = result["host_samples"]["prefill16"]["systems"]
+@block("perf-host-modules-prefill1", "latency_host_samples_prefill1_8bdaca1_h200.json")
+def perf_host_modules_prefill1(result: dict[str, Any]) -> str:
+    """The same table for lone 1024-token prefills on one adapter (8bdaca1), with ATMM's eager
+    path before the one-kernel package beside it."""
+    return host_modules_table(result, "prefill1", ("nolora", "nolora2", "atmm", "atmm_no_small_gemm", "csgmv"))
+
+
+HOST_MODULE_LABELS = {"nolora": "no LoRA", "nolora2": "no LoRA, control", "atmm": "ATMM",
+                      "atmm_no_small_gemm": "ATMM, no one kernel", "csgmv": "csgmv"}
+
+
+def host_modules_table(result: dict[str, Any], scenario: str = "prefill16",
+                       systems: tuple[str, ...] = ("nolora", "nolora2", "atmm", "csgmv")) -> str:
+    """The table of :func:`perf_host_modules` for one ``profile_server.py --sample-host`` result:
+    ``scenario``'s requests, one column per system of ``systems``."""
+    labels = HOST_MODULE_LABELS
+    latency = result["interleaved_latency"][scenario]
+    host = result["host_samples"][scenario]["systems"]
 
     def cost(key: str) -> str:
         over = latency[key].get("over_floor")

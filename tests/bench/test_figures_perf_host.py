@@ -42,3 +42,23 @@ def test_a_module_without_a_base_gemm_line_reads_as_a_dash() -> None:
     text = perf_host_modules({"interleaved_latency": {"prefill16": latency},
                               "host_samples": {"prefill16": {"systems": host}}})
     assert "| q/k/v module call (its base GEMM's line) | 1.00 (-) | 1.00 (-) | 1.00 (-) | 1.00 (-) |" in text
+
+
+def test_the_prefill1_table_reads_its_own_scenario_with_a_column_per_system() -> None:
+    from bench.figures_perf import perf_host_modules_prefill1
+
+    ours = "KeptInGemmCall.__call__ (atmm/ops.py:313)"
+    systems = ("nolora", "nolora2", "atmm", "atmm_no_small_gemm", "csgmv")
+    latency = {k: {"count": 100, "server_forward_ms": {"median": 58.0 + i},
+                   **({} if k == "nolora" else {"over_floor": {"median": float(i), "p25": i - 1.0, "p75": i + 1.0}})}
+               for i, k in enumerate(systems)}
+    host = {k: {"event_loop_ms": 40.0 + i, "module_calls": _modules(1.0 + i, (ours, 0.5 + i), 2.0, (ours, 0.25))}
+            for i, k in enumerate(systems)}
+    other = {"count": 1, "server_forward_ms": {"median": 1.0}}  # a scenario the table must not read
+    text = perf_host_modules_prefill1({"interleaved_latency": {"prefill1": latency, "prefill1_base": {k: other for k in systems}},
+                                       "host_samples": {"prefill1": {"systems": host}}})
+    lines = text.splitlines()
+    assert lines[0] == "| | no LoRA | no LoRA, control | ATMM | ATMM, no one kernel | csgmv |"
+    assert "| server forward, median | 58.0 | 59.0 | 60.0 | 61.0 | 62.0 |" in lines
+    assert "| q/k/v module call (its base GEMM's line) | 1.00 (0.50) | 2.00 (1.50) | 3.00 (2.50) | 4.00 (3.50) | 5.00 (4.50) |" in lines
+    assert "over 100 rounds" in text
