@@ -21,6 +21,10 @@ with ``perf_counter_ns``, in these ways:
   built at every call (the backend's path before it kept each module's call,
   ``ops.KeptInGemmCall``);
 * ``torch_lora``: the same LoRA as two torch matmuls (cuBLAS launches instead of Triton's);
+* ``in_gemm_cublas_expand``: the in-GEMM way's GEMM over the extended weight (the timed call),
+  then the expand as one cuBLAS GEMM over a block-diagonal B of the slot's slices, added to the
+  base columns (``torch.addmm``): a layer whose LoRA launches nothing but cuBLAS, as a design to
+  weigh against the in-GEMM call's Triton expand (docs/perf.md, "At 8bdaca1");
 * ``atmm_small_gemm``: the ``atmm`` backend's module call as the server runs unmerged eager
   batches of at most ``--vlora-eager-small-gemm-max-tokens`` tokens on q/k/v and o: base GEMM,
   shrink and expand in one kernel (``ops.KeptSmallGemmCall``; no ``F.linear`` call to time);
@@ -74,7 +78,7 @@ sys.path.insert(0, str(REPO))
 
 HIDDEN, KV, INTER, LAYERS, RANK, SLOTS = 3584, 512, 18944, 28, 64, 2
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
-WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora", "atmm_small_gemm")
+WAYS = ("base", "atmm", "atmm_in_gemm", "atmm_in_gemm_op", "torch_lora", "in_gemm_cublas_expand", "atmm_small_gemm")
 LORA_MODULES = ("qkv", "o")
 MODULES = ("qkv", "o", "gate_up", "down")
 ALL_MODULES_WAY = "atmm_small_gemm_all"
@@ -88,6 +92,30 @@ def ways_of(mlp_lora: bool) -> tuple[str, ...]:
 def lora_modules_of(way: str) -> tuple[str, ...]:
     """The modules whose calls carry the adapter in ``way``."""
     return MODULES if way == ALL_MODULES_WAY else LORA_MODULES
+
+
+def block_diagonal_b(b_slot, offsets: tuple[int, ...], rank: int):
+    """One slot's B (``[out_features, max_rank]``, slices at ``offsets``) as a ``[slices * rank,
+    out_features]`` matrix whose rows ``s * rank`` to ``(s + 1) * rank`` hold slice ``s``'s B
+    (transposed) in its columns and zeros elsewhere: the expand of every slice as one GEMM."""
+    import torch
+
+    slices = len(offsets) - 1
+    out = torch.zeros(slices * rank, offsets[-1], dtype=b_slot.dtype, device=b_slot.device)
+    for s in range(slices):
+        lo, hi = offsets[s], offsets[s + 1]
+        out[s * rank : (s + 1) * rank, lo:hi] = b_slot[lo:hi, :rank].t()
+    return out
+
+
+def cublas_expand(y, out_features: int, slot: int, width: int, b_block, scale: float):
+    """The in-GEMM output ``y`` (base columns, then ``width`` intermediate columns per slot) to
+    the module's output: its base columns plus ``scale`` times the slot's intermediate columns
+    times ``b_block`` (:func:`block_diagonal_b`), one cuBLAS call into a new contiguous tensor."""
+    import torch
+
+    lo = out_features + slot * width
+    return torch.addmm(y[:, :out_features], y[:, lo : lo + width], b_block, alpha=scale)
 
 
 class TimedLinear:
@@ -123,6 +151,7 @@ class Emulation:
 
         self.torch = torch
         self.tokens = tokens
+        self.in_gemm_attr = in_gemm_weights.ATTR
         dev, dtype = torch.device("cuda"), torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(0)
 
@@ -142,11 +171,15 @@ class Emulation:
             layer[f"{module}_layer"] = SimpleNamespace(**{in_gemm_weights.ATTR: fused})
 
         qkv = HIDDEN + 2 * KV
+        self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN),
+                        "gate_up": (0, INTER, 2 * INTER), "down": (0, HIDDEN)}
         self.layers = []
         for _ in range(LAYERS):
             layer = {"qkv_b": rand(SLOTS, qkv, RANK), "o_b": rand(SLOTS, HIDDEN, RANK)}
             stacked(layer, "qkv", qkv, 3, rand(qkv))
             stacked(layer, "o", HIDDEN, 1, None)
+            for module in LORA_MODULES:
+                layer[f"{module}_b_block"] = block_diagonal_b(layer[f"{module}_b"][1], self.offsets[module], RANK)
             if mlp_lora:
                 layer["gate_up_b"], layer["down_b"] = rand(SLOTS, 2 * INTER, RANK), rand(SLOTS, HIDDEN, RANK)
                 stacked(layer, "gate_up", 2 * INTER, 2, None)
@@ -156,8 +189,6 @@ class Emulation:
             self.layers.append(layer)
         self.x = rand(tokens, HIDDEN)
         self.cos, self.sin = rand(tokens, 1, HEAD_DIM), rand(tokens, 1, HEAD_DIM)
-        self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN),
-                        "gate_up": (0, INTER, 2 * INTER), "down": (0, HIDDEN)}
         self.backend = ATMMLoRABackend(max_loras_per_batch=SLOTS, device=dev)
         self.backend.shrink_in_gemm = True  # as the server sets it once the stacks are attached
         batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1,
@@ -202,12 +233,31 @@ class Emulation:
             self.backend.eager_in_gemm_kept = way != "atmm_in_gemm_op"
             self.backend.eager_small_gemm = way in ("atmm_small_gemm", ALL_MODULES_WAY)
             return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
+        if way == "in_gemm_cublas_expand":  # slot 1, as the other LoRA ways
+            fused = getattr(layer[f"{module}_layer"], self.in_gemm_attr)
+            y = F.linear(x, fused.weight, fused.bias)
+            return cublas_expand(y, fused.out_features, 1, a.shape[1], layer[f"{module}_b_block"], 2.0)
         out = F.linear(x, layer[module], layer.get(f"{module}_bias"))
         if way == "atmm":
             return self.backend.forward_with_base(SimpleNamespace(), x, lambda: out, a, b, None, offsets)
         if way == "torch_lora":  # slot 1, every slice: one shrink GEMM, one expand GEMM added in place
             return out.addmm_(x @ a[1].t()[:, :RANK], b[1].t()[:RANK], alpha=2.0)
         return out
+
+    def check_cublas_expand(self) -> float:
+        """Relative difference of the ``in_gemm_cublas_expand`` way's q/k/v and o outputs from the
+        ``atmm_in_gemm`` way's on the first layer (the same adapter): the way emulates a LoRA, so
+        it must compute one. Raises past bf16's tolerance."""
+        x, layer = self._norm(self.x), self.layers[0]
+        worst = 0.0
+        for module in LORA_MODULES:
+            got = self._module_call("in_gemm_cublas_expand", module, x, layer).float()
+            want = self._module_call("atmm_in_gemm", module, x, layer).float()
+            worst = max(worst, ((got - want).norm() / want.norm()).item())
+        self.timer.module = None
+        if worst > 1e-2:
+            raise SystemExit(f"in_gemm_cublas_expand differs from the in-GEMM call by {worst:.3g} (relative)")
+        return worst
 
     def _norm(self, x):
         var = x.float().pow(2).mean(-1, keepdim=True)
@@ -286,6 +336,7 @@ def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_be
         for _ in range(3):
             emu.forward(way)
     torch.cuda.synchronize()
+    emu.check_cublas_expand()
     per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES},
                      "warm": {m: [] for m in warm_before}, "host_ms": [], "wall_ms": []} for way in ways}
     for r in range(rounds):
@@ -308,7 +359,7 @@ def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_be
             for m in warm_before:
                 rec["warm"][m].extend(emu.warm_times[m])
     gpu = {way: round(statistics.median(emu.modules_gpu_us(way) for _ in range(5)), 1)
-           for way in ("base", "atmm_in_gemm", "atmm_small_gemm")}
+           for way in ("base", "atmm_in_gemm", "in_gemm_cublas_expand", "atmm_small_gemm")}
     mlp_gpu = {way: round(statistics.median(emu.modules_gpu_us(way, ("gate_up", "down")) for _ in range(5)), 1)
                for way in (("base", ALL_MODULES_WAY) if mlp_lora else ())}
     return {way: {"linear_host_us": {m: _median(v) for m, v in rec["calls"].items()},
@@ -371,7 +422,8 @@ def main() -> None:
                        f"Qwen2-VL-7B-shaped layers ({args.tokens} tokens), without LoRA, with the atmm backend's "
                        "eager module call after the q/k/v and o GEMMs, with its in-GEMM module call (the timed "
                        "GEMM over the weight extended by the A rows; kept per module, and through "
-                       "ops.lora_apply_static_in_gemm), with the same LoRA as two torch matmuls, and with base "
+                       "ops.lora_apply_static_in_gemm), with the same LoRA as two torch matmuls, with the in-GEMM "
+                       "GEMM then the expand as one cuBLAS GEMM over a block-diagonal B (in_gemm_cublas_expand), and with base "
                        "GEMM, shrink and expand in one kernel (ops.KeptSmallGemmCall, no F.linear call); the ways "
                        "take turns. module_host_us: each module call's whole host time; qkv_o_gpu_us: GPU time "
                        "of a forward's q/k/v and o module calls, from a CUDA graph of them (median of 5); "

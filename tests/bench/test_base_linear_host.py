@@ -62,3 +62,31 @@ def test_the_every_module_way_is_measured_only_with_mlp_lora_and_carries_the_ada
     assert blh.ways_of(True) == (*blh.WAYS, blh.ALL_MODULES_WAY)
     assert blh.lora_modules_of(blh.ALL_MODULES_WAY) == ("qkv", "o", "gate_up", "down")
     assert all(blh.lora_modules_of(way) == ("qkv", "o") for way in blh.WAYS)
+
+
+def test_the_cublas_expand_way_computes_every_slice_of_the_slots_lora() -> None:
+    """The block-diagonal B and the one addmm of ``in_gemm_cublas_expand`` against each slice's
+    LoRA in fp64: the way emulates a design, so it must compute what the in-GEMM call does."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import base_linear_host as blh
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    g = torch.Generator().manual_seed(0)
+    tokens, inputs, rank, slots, offsets = 5, 12, 4, 2, (0, 8, 11, 14)
+    width = 3 * rank
+    x = torch.randn(tokens, inputs, generator=g, dtype=torch.float64)
+    w = torch.randn(offsets[-1], inputs, generator=g, dtype=torch.float64)
+    a = torch.randn(slots, width, inputs, generator=g, dtype=torch.float64)
+    b = torch.randn(slots, offsets[-1], rank + 2, generator=g, dtype=torch.float64)  # pool max rank above the slot's
+    y = x @ torch.cat([w, a.reshape(-1, inputs)]).t()  # the in-GEMM output: base, then each slot's x A^T
+    block = blh.block_diagonal_b(b[1], offsets, rank)
+    got = blh.cublas_expand(y, offsets[-1], 1, width, block, 2.0)
+    want = x @ w.t()
+    for s in range(3):
+        lo, hi = offsets[s], offsets[s + 1]
+        want[:, lo:hi] += 2.0 * (x @ a[1, s * rank : (s + 1) * rank].t()) @ b[1, lo:hi, :rank].t()
+    assert got.is_contiguous() and got.shape == (tokens, offsets[-1])
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert "in_gemm_cublas_expand" in blh.WAYS
