@@ -64,9 +64,10 @@ def test_the_every_module_way_is_measured_only_with_mlp_lora_and_carries_the_ada
     assert all(blh.lora_modules_of(way) == ("qkv", "o") for way in blh.WAYS)
 
 
-def test_the_cublas_expand_way_computes_every_slice_of_the_slots_lora() -> None:
-    """The block-diagonal B and the one addmm of ``in_gemm_cublas_expand`` against each slice's
-    LoRA in fp64: the way emulates a design, so it must compute what the in-GEMM call does."""
+def test_the_cublas_expand_ways_compute_every_slice_of_the_slots_lora() -> None:
+    """``in_gemm_cublas_expand`` (a block-diagonal B, one addmm) and ``in_gemm_cublas_slices`` (one
+    addmm a slice) against each slice's LoRA in fp64: the ways emulate designs, so they must compute
+    what the in-GEMM call does."""
     torch = pytest.importorskip("torch")
     sys.path.insert(0, str(REPO / "bench"))
     try:
@@ -89,4 +90,13 @@ def test_the_cublas_expand_way_computes_every_slice_of_the_slots_lora() -> None:
         want[:, lo:hi] += 2.0 * (x @ a[1, s * rank : (s + 1) * rank].t()) @ b[1, lo:hi, :rank].t()
     assert got.is_contiguous() and got.shape == (tokens, offsets[-1])
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
-    assert "in_gemm_cublas_expand" in blh.WAYS
+    sliced = blh.cublas_expand_slices(y.clone(), offsets[-1], 1, offsets, rank, b[1], 2.0)
+    assert sliced.shape == (tokens, offsets[-1]) and torch.allclose(sliced, want, rtol=1e-12, atol=1e-12)
+    # one slice (o): a new contiguous output, the GEMM's output left as it was
+    w1, a1 = w[:8], a[:, :rank]
+    y1 = x @ torch.cat([w1, a1.reshape(-1, inputs)]).t()
+    before = y1.clone()
+    one = blh.cublas_expand_slices(y1, 8, 1, (0, 8), rank, b[1, :8], 2.0)
+    assert one.is_contiguous() and torch.equal(y1, before)
+    assert torch.allclose(one, x @ w1.t() + 2.0 * (x @ a1[1].t()) @ b[1, :8, :rank].t(), rtol=1e-12, atol=1e-12)
+    assert {"in_gemm_cublas_expand", "in_gemm_cublas_slices"} <= set(blh.WAYS)
