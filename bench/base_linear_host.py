@@ -54,6 +54,9 @@ is slower after one way's kernels only while the GPU still has work queued gets 
 floor's with it, one slowed by the host's own state does not. It separates the two causes of
 the gate/up call's extra host time after the one-kernel way (docs/perf.md).
 
+``--ways WAY ...`` measures only those ways and ``base`` (the others take host time and GPU
+memory, and one way that cannot run stops the run).
+
 ``--warm-before MODULE ...`` runs one ``F.linear`` of a single row over the module's base weight
 before each call of those modules (outside the module call's time, inside the forward's): the host path of a
 base GEMM call (torch's dispatch, cuBLAS) just run once, as the o projection's is before gate/up
@@ -89,9 +92,15 @@ MODULES = ("qkv", "o", "gate_up", "down")
 ALL_MODULES_WAY = "atmm_small_gemm_all"
 
 
-def ways_of(mlp_lora: bool) -> tuple[str, ...]:
-    """The ways a run measures: :data:`WAYS`, and with ``mlp_lora`` the one kernel on every module."""
-    return WAYS + ((ALL_MODULES_WAY,) if mlp_lora else ())
+CUBLAS_EXPAND_WAYS = ("in_gemm_cublas_expand", "in_gemm_cublas_slices")
+GPU_TIMED_WAYS = ("base", "atmm_in_gemm", *CUBLAS_EXPAND_WAYS, "atmm_small_gemm")
+
+
+def ways_of(mlp_lora: bool, only: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The ways a run measures: :data:`WAYS`, and with ``mlp_lora`` the one kernel on every module;
+    with ``only``, those of them it names and ``base`` (the floor every way is read against)."""
+    ways = WAYS + ((ALL_MODULES_WAY,) if mlp_lora else ())
+    return tuple(w for w in ways if not only or w == "base" or w in only)
 
 
 def lora_modules_of(way: str) -> tuple[str, ...]:
@@ -269,15 +278,15 @@ class Emulation:
             return out.addmm_(x @ a[1].t()[:, :RANK], b[1].t()[:RANK], alpha=2.0)
         return out
 
-    def check_cublas_expand(self) -> float:
-        """Largest relative difference of the cuBLAS-expand ways' q/k/v and o outputs from the
+    def check_cublas_expand(self, ways: tuple[str, ...] = CUBLAS_EXPAND_WAYS) -> float:
+        """Largest relative difference of the cuBLAS-expand ``ways``' q/k/v and o outputs from the
         ``atmm_in_gemm`` way's on the first layer (the same adapter): the ways emulate a LoRA, so
         they must compute one. Raises past bf16's tolerance."""
         x, layer = self._norm(self.x), self.layers[0]
         worst = 0.0
         for module in LORA_MODULES:
             want = self._module_call("atmm_in_gemm", module, x, layer).float()
-            for way in ("in_gemm_cublas_expand", "in_gemm_cublas_slices"):
+            for way in ways:
                 got = self._module_call(way, module, x, layer).float()
                 diff = ((got - want).norm() / want.norm()).item()
                 if diff > 1e-2:
@@ -353,17 +362,20 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_before: tuple[str, ...] = (),
-            warm_rows: int | None = None, warm_tiny: bool = False, mlp_lora: bool = False) -> dict[str, dict]:
-    """Per way: median host microseconds of each module's base GEMM call (and of the warm call
-    before it), and the median host and wall milliseconds of a forward, over ``rounds`` rounds."""
+            warm_rows: int | None = None, warm_tiny: bool = False, mlp_lora: bool = False,
+            only: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Per way (:func:`ways_of`): median host microseconds of each module's base GEMM call (and of
+    the warm call before it), and the median host and wall milliseconds of a forward, over
+    ``rounds`` rounds."""
     emu = Emulation(tokens, sync_before, warm_before, warm_rows, warm_tiny, mlp_lora)
-    ways = ways_of(mlp_lora)
+    ways = ways_of(mlp_lora, only)
     torch = emu.torch
     for way in ways:  # compile and warm every path
         for _ in range(3):
             emu.forward(way)
     torch.cuda.synchronize()
-    emu.check_cublas_expand()
+    if any(way in CUBLAS_EXPAND_WAYS for way in ways):
+        emu.check_cublas_expand(tuple(way for way in ways if way in CUBLAS_EXPAND_WAYS))
     per_way = {way: {"calls": {m: [] for m in MODULES}, "modules": {m: [] for m in MODULES},
                      "warm": {m: [] for m in warm_before}, "host_ms": [], "wall_ms": []} for way in ways}
     for r in range(rounds):
@@ -386,7 +398,7 @@ def measure(rounds: int, tokens: int, sync_before: tuple[str, ...] = (), warm_be
             for m in warm_before:
                 rec["warm"][m].extend(emu.warm_times[m])
     gpu = {way: round(statistics.median(emu.modules_gpu_us(way) for _ in range(5)), 1)
-           for way in ("base", "atmm_in_gemm", "in_gemm_cublas_expand", "in_gemm_cublas_slices", "atmm_small_gemm")}
+           for way in GPU_TIMED_WAYS if way in ways}
     mlp_gpu = {way: round(statistics.median(emu.modules_gpu_us(way, ("gate_up", "down")) for _ in range(5)), 1)
                for way in (("base", ALL_MODULES_WAY) if mlp_lora else ())}
     return {way: {"linear_host_us": {m: _median(v) for m, v in rec["calls"].items()},
@@ -417,6 +429,8 @@ def main() -> None:
                     help="the warm call's weight is the module weight's first N rows (default: all of it)")
     ap.add_argument("--mlp-lora", action="store_true",
                     help=f"add the way {ALL_MODULES_WAY}: the adapter on gate/up and down too, every module one kernel")
+    ap.add_argument("--ways", nargs="+", choices=[w for w in (*WAYS, ALL_MODULES_WAY) if w != "base"], default=[],
+                    metavar="WAY", help="measure only these ways (and base); default: every way")
     ap.add_argument("--warm-tiny", action="store_true",
                     help="the warm call is a 16 x 16 F.linear over tensors of its own, not the module's weight")
     args = ap.parse_args()
@@ -426,6 +440,8 @@ def main() -> None:
         ap.error("--tokens must be at least 1")
     if args.warm_rows is not None and (args.warm_rows < 1 or not args.warm_before):
         ap.error("--warm-rows must be at least 1 and needs --warm-before")
+    if ALL_MODULES_WAY in args.ways and not args.mlp_lora:
+        ap.error(f"--ways {ALL_MODULES_WAY} needs --mlp-lora")
     if args.warm_tiny and (not args.warm_before or args.warm_rows is not None):
         ap.error("--warm-tiny needs --warm-before and takes no --warm-rows")
     import torch
@@ -433,7 +449,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("base_linear_host.py needs a CUDA GPU")
     result = measure(args.rounds, args.tokens, tuple(args.sync_before), tuple(args.warm_before), args.warm_rows,
-                     args.warm_tiny, args.mlp_lora)
+                     args.warm_tiny, args.mlp_lora, tuple(args.ways))
     print(f"{'way':16} " + " ".join(f"{m:>9}" for m in MODULES) + " | module call us: "
           + " ".join(f"{m:>9}" for m in MODULES) + "  forward host ms  wall ms  q/k/v+o GPU us")
     for way, row in result.items():

@@ -100,3 +100,22 @@ def test_the_cublas_expand_ways_compute_every_slice_of_the_slots_lora() -> None:
     assert one.is_contiguous() and torch.equal(y1, before)
     assert torch.allclose(one, x @ w1.t() + 2.0 * (x @ a1[1].t()) @ b[1, :8, :rank].t(), rtol=1e-12, atol=1e-12)
     assert {"in_gemm_cublas_expand", "in_gemm_cublas_slices"} <= set(blh.WAYS)
+
+
+def test_ways_select_what_runs_and_the_floor_always_does() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import base_linear_host as blh
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert blh.ways_of(False, ("in_gemm_cublas_slices", "atmm_in_gemm")) == ("base", "atmm_in_gemm",
+                                                                            "in_gemm_cublas_slices")
+    assert blh.ways_of(False, ()) == blh.WAYS
+    assert blh.ways_of(True, (blh.ALL_MODULES_WAY,)) == ("base", blh.ALL_MODULES_WAY)
+
+
+@pytest.mark.parametrize("args, message", [(["--ways", "bogus"], "invalid choice: 'bogus'"),
+                                           (["--ways", "atmm_small_gemm_all"], "needs --mlp-lora")])
+def test_an_unknown_way_or_the_every_module_way_without_mlp_lora_is_refused(args: list[str], message: str) -> None:
+    proc = _run(*args)
+    assert proc.returncode == 2 and message in proc.stderr
