@@ -183,7 +183,6 @@ class Emulation:
 
         self.torch = torch
         self.tokens = tokens
-        self.in_gemm_attr = in_gemm_weights.ATTR
         dev, dtype = torch.device("cuda"), torch.bfloat16
         g = torch.Generator(device=dev).manual_seed(0)
 
@@ -201,6 +200,7 @@ class Emulation:
                 layer[f"{module}_bias"] = ext_bias[:out]
             fused = in_gemm_weights.InGemmWeights(weight=stack, bias=ext_bias, out_features=out)
             layer[f"{module}_layer"] = SimpleNamespace(**{in_gemm_weights.ATTR: fused})
+            layer[f"{module}_fused"] = fused
 
         qkv = HIDDEN + 2 * KV
         self.offsets = {"qkv": (0, HIDDEN, HIDDEN + KV, qkv), "o": (0, HIDDEN),
@@ -266,7 +266,7 @@ class Emulation:
             self.backend.eager_small_gemm = way in ("atmm_small_gemm", ALL_MODULES_WAY)
             return self.backend.forward_with_base(layer[f"{module}_layer"], x, None, a, b, None, offsets)
         if way in ("in_gemm_cublas_expand", "in_gemm_cublas_slices"):  # slot 1, as the other LoRA ways
-            fused = getattr(layer[f"{module}_layer"], self.in_gemm_attr)
+            fused = layer[f"{module}_fused"]
             y = F.linear(x, fused.weight, fused.bias)
             if way == "in_gemm_cublas_slices":
                 return cublas_expand_slices(y, fused.out_features, 1, offsets, RANK, b[1], 2.0)

@@ -86,26 +86,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import e2e_assets, provenance  # noqa: E402
+from bench.e2e import plan  # noqa: E402
 from sglang_vlora.orchestrator.iteration_fit import IterationFit  # noqa: E402
 
 T = TypeVar("T")
 RANK = 64
 N_ADAPTERS = 4
 KV_TOKENS = 65536
+# ATMM's variants start their servers as the end-to-end systems of the same meaning do, so that a
+# profile explains those systems: their flags come from the e2e plan.
 SYSTEMS = {
     "nolora": [],
     "nolora2": [],  # a second floor: the control
     "csgmv": ["--lora-backend", "csgmv"],
     "triton": ["--lora-backend", "triton"],
-    "atmm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
+    "atmm": plan.SYSTEMS["unmerge_only"].flags(),
     # the same server with ATMM's prepared launches through Triton's launcher, not the driver
-    "atmm_triton_launch": ["--plugin", "vlora", "--vlora-policy", "unmerge-only"],
+    "atmm_triton_launch": plan.SYSTEMS["unmerge_only"].flags(),
     # the same server with eager batches' shrink as its own kernel, not inside the base GEMM
-    "atmm_separate_shrink": ["--plugin", "vlora", "--vlora-policy", "unmerge-only",
-                             "--vlora-eager-in-gemm-max-tokens", "0"],
+    "atmm_separate_shrink": plan.SYSTEMS["unmerge_only_separate_shrink"].flags(),
     # the same server without the one kernel of small eager batches (the eager path before bef3295)
-    "atmm_no_small_gemm": ["--plugin", "vlora", "--vlora-policy", "unmerge-only",
-                           "--vlora-eager-small-gemm-max-tokens", "0"],
+    "atmm_no_small_gemm": plan.SYSTEMS["unmerge_only_no_small_gemm"].flags(),
     "vlora": ["--plugin", "vlora"],
 }
 SYSTEM_ENV = {"atmm_triton_launch": {"SGLANG_VLORA_DIRECT_LAUNCH": "0"}}

@@ -308,11 +308,11 @@ def test_the_probe_scenario_is_refused_outside_interleaved_rounds() -> None:
 
 
 def test_the_profiled_atmm_variants_run_the_e2e_harness_flags() -> None:
-    """A profile of a variant explains the end-to-end system of the same name only if both
-    start the server with the same flags."""
-    from bench.e2e import plan
+    """A profile of a variant explains the end-to-end system of the same meaning only if both
+    start the server with the same flags: ATMM alone, without the in-GEMM shrink, without the one
+    kernel of small eager batches."""
     from bench.profile_server import SYSTEMS
 
-    assert SYSTEMS["atmm"] == plan.SYSTEMS["unmerge_only"].flags()
-    assert SYSTEMS["atmm_separate_shrink"] == plan.SYSTEMS["unmerge_only_separate_shrink"].flags()
-    assert SYSTEMS["atmm_no_small_gemm"] == plan.SYSTEMS["unmerge_only_no_small_gemm"].flags()
+    assert SYSTEMS["atmm"] == ["--plugin", "vlora", "--vlora-policy", "unmerge-only"]
+    assert SYSTEMS["atmm_separate_shrink"] == [*SYSTEMS["atmm"], "--vlora-eager-in-gemm-max-tokens", "0"]
+    assert SYSTEMS["atmm_no_small_gemm"] == [*SYSTEMS["atmm"], "--vlora-eager-small-gemm-max-tokens", "0"]
