@@ -1,0 +1,80 @@
+"""Log the two kinds of stall a Python server thread takes without saying so, in each process
+that starts with this folder on ``PYTHONPATH`` (a server's scheduler, tokenizer and detokenizer
+included: Python imports ``sitecustomize`` at start-up). Each is one line on stderr, which the
+benchmark's server logs keep; ``bench/stall_probes/summary.py`` reads them back.
+
+* ``GC_PAUSE_LOG_MS=N``: every garbage collection of at least N ms. A collection of generation 2
+  walks every tracked object that ``gc.freeze()`` has not frozen, holding the thread that
+  triggered it (in a scheduler, the iteration running)::
+
+    gc pause: pid 1234 gen 2 ms 412.3 collected 17 uncollectable 0 frozen 375 at 1796067068.85
+
+  ``frozen``: the objects ``gc.freeze()`` put out of the collector's reach.
+* ``TRITON_COMPILE_LOG=1``: every Triton kernel variant a process compiles or loads from Triton's
+  disk cache, any kernel's (SGLang's own too), through Triton's JIT hooks::
+
+    triton compile: pid 1234 kernel _fwd_kernel ms 380.2 warmup 0 at 1796067068.85
+
+``at`` is the event's end in ``time.time()`` seconds, the clock of ``/vlora/timeline``'s ``at``.
+Where neither variable is set the folder on ``PYTHONPATH`` changes nothing.
+"""
+
+import gc
+import os
+import sys
+import threading
+import time
+
+
+def _log(line: str) -> None:
+    sys.stderr.write(f"{line} at {time.time():.2f}\n")
+
+
+def _log_gc_pauses(threshold_ms: float) -> None:
+    started: dict[int, float] = {}
+
+    def on_collection(phase: str, info: dict) -> None:
+        generation = info.get("generation", -1)
+        if phase == "start":
+            started[generation] = time.perf_counter()
+            return
+        begun = started.pop(generation, None)
+        if begun is None:
+            return
+        ms = (time.perf_counter() - begun) * 1000.0
+        if ms >= threshold_ms:
+            _log(f"gc pause: pid {os.getpid()} gen {generation} ms {ms:.1f} collected {info.get('collected', 0)} "
+                 f"uncollectable {info.get('uncollectable', 0)} frozen {gc.get_freeze_count()}")
+
+    gc.callbacks.append(on_collection)
+
+
+def _log_triton_compiles() -> None:
+    try:
+        from triton import knobs
+    except Exception as exc:  # no Triton, or one without JIT hooks: say so, change nothing
+        _log(f"triton compile: not logged in pid {os.getpid()} ({type(exc).__name__}: {exc})")
+        return
+    started: dict[int, float] = {}
+
+    def before(*args, **kwargs):
+        started[threading.get_ident()] = time.perf_counter()
+        return None  # anything true would make Triton skip the compile
+
+    def after(*args, **kwargs):
+        begun = started.pop(threading.get_ident(), None)
+        ms = -1.0 if begun is None else (time.perf_counter() - begun) * 1000.0
+        fn = kwargs.get("fn")
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "?"
+        _log(f"triton compile: pid {os.getpid()} kernel {name} ms {ms:.1f} "
+             f"warmup {int(bool(kwargs.get('is_manual_warmup')))}")
+        return None
+
+    knobs.runtime.jit_cache_hook = before
+    knobs.runtime.jit_post_compile_hook = after
+
+
+if os.environ.get("GC_PAUSE_LOG_MS"):
+    _log_gc_pauses(float(os.environ["GC_PAUSE_LOG_MS"]))
+if os.environ.get("TRITON_COMPILE_LOG") == "1":
+    _log_triton_compiles()

@@ -1,0 +1,89 @@
+"""The longest stretches a thread spent under one frame of the server's code, from a py-spy
+speedscope recording (``bench/stall_probes/spy_on.sh``).
+
+A stall of a few hundred ms in a scheduler (a compile, a lock, a blocking call in a library)
+keeps the path through SGLang's and the plugin's code (each frame's file, function and line) the
+same for that long, while a normal forward moves through layers and modules every few ms. For
+each thread this lists the ``--top`` longest runs of consecutive samples on one such path,
+skipping runs whose leaf is an idle wait, with when each began (seconds from the
+recording's start) and the stack of its middle sample.
+
+Usage: python bench/stall_probes/spy_runs.py SPEEDSCOPE.json[.gz] [--top 10] [--min-ms 50]
+       [--code-marker sglang] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+# Leaf functions of a thread that waits for work rather than doing it.
+IDLE_LEAVES = frozenset({"poll", "select", "epoll_wait", "wait", "sleep", "recv", "recv_multipart", "recv_pyobj",
+                         "_recv", "accept", "acquire", "_wait_for_tstate_lock", "get", "run_forever",
+                         "_run_once", "readinto", "read"})
+
+
+def load(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _code_path(stack: list[int], frames: list[dict[str, Any]], marker: str) -> tuple[int, ...]:
+    """The stack's frames of the server's code, outermost first (empty where it has none)."""
+    return tuple(index for index in stack if marker in frames[index].get("file", ""))
+
+
+def runs(profile: dict[str, Any], frames: list[dict[str, Any]], marker: str, min_ms: float) -> list[dict[str, Any]]:
+    """The thread's runs of at least ``min_ms`` on one path through ``marker`` frames, longest first."""
+    samples, weights = profile.get("samples", []), profile.get("weights", [])
+    scale = 1000.0 if profile.get("unit", "seconds") == "seconds" else 1.0
+    found: list[dict[str, Any]] = []
+    t = 0.0
+    start = 0
+    while start < len(samples):
+        key = _code_path(samples[start], frames, marker)
+        end, began, length = start, t, 0.0
+        while end < len(samples) and _code_path(samples[end], frames, marker) == key:
+            length += weights[end] * scale if end < len(weights) else 0.0
+            end += 1
+        t += length
+        middle = samples[(start + end - 1) // 2]
+        leaf = frames[middle[-1]]["name"] if middle else ""
+        if key and length >= min_ms and leaf not in IDLE_LEAVES:
+            found.append({"ms": round(length, 1), "began_s": round(began / 1000.0, 3), "samples": end - start,
+                          "stack": [f"{frames[i]['name']} ({Path(frames[i].get('file', '')).name}:"
+                                    f"{frames[i].get('line', '')})" for i in middle[-14:]]})
+        start = end
+    return sorted(found, key=lambda r: -r["ms"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recording", type=Path)
+    parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--min-ms", type=float, default=50.0)
+    parser.add_argument("--code-marker", default="sglang", help="a frame is the server's code if its file has this")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    data = load(args.recording)
+    frames = data["shared"]["frames"]
+    result = {p.get("name", "?"): runs(p, frames, args.code_marker, args.min_ms)[: args.top] for p in data["profiles"]}
+    for thread, found in result.items():
+        if not found:
+            continue
+        print(thread)
+        for r in found:
+            print(f"  {r['ms']:.0f} ms from {r['began_s']:.2f} s ({r['samples']} samples)")
+            for line in r["stack"]:
+                print(f"      {line}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""bench/stall_probes: the start-up hook logs real garbage collections of a fresh interpreter and
+installs Triton's JIT hooks, and the summary reads both kinds of line back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE_DIR = REPO / "bench" / "stall_probes"
+# A collection over a few hundred thousand tracked lists: milliseconds on any machine.
+GC_WORK = "import gc\nkept = [[i] for i in range(300000)]\ngc.collect()\n"
+# Triton cannot compile without a GPU: call the hooks it would call around a compile.
+TRITON_WORK = """
+from types import SimpleNamespace
+from triton import knobs
+assert knobs.runtime.jit_cache_hook(key="k", fn=SimpleNamespace(name="_demo_kernel"), is_manual_warmup=False) is None
+knobs.runtime.jit_post_compile_hook(key="k", fn=SimpleNamespace(name="_demo_kernel"), is_manual_warmup=True)
+"""
+
+
+def _python(code: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GC_PAUSE_LOG_MS", "TRITON_COMPILE_LOG")}
+    env.update(PYTHONPATH=str(PROBE_DIR), **env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _summary():
+    sys.path.insert(0, str(PROBE_DIR))
+    try:
+        import summary
+    finally:
+        sys.path.remove(str(PROBE_DIR))
+    return summary
+
+
+def test_logs_each_collection_over_the_threshold_and_the_summary_reads_them(tmp_path: Path) -> None:
+    proc = _python(GC_WORK, {"GC_PAUSE_LOG_MS": "0"})
+    assert proc.returncode == 0, proc.stderr
+    log = tmp_path / "server.log"
+    log.write_text("unrelated line\n" + proc.stderr)
+    summary = _summary()
+    found = summary.pauses(log.read_text())
+    assert found and all(p["ms"] >= 0 and p["at"] > 1e9 for p in found)
+    assert any(p["generation"] == 2 for p in found)  # the explicit gc.collect()
+    result = summary.main([str(log), "--list-ms", "0", "--json", str(tmp_path / "s.json")])[str(log)]
+    assert sum(g["count"] for g in result["gc_by_generation"].values()) == len(found) == len(result["long"])
+    assert result["compiles_by_kernel"] == {}
+    assert (tmp_path / "s.json").exists()
+
+
+def test_logs_triton_compiles_through_its_jit_hooks(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    proc = _python(TRITON_WORK, {"TRITON_COMPILE_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr
+    found = _summary().compiles(proc.stderr)
+    assert len(found) == 1 and found[0]["kernel"] == "_demo_kernel" and found[0]["warmup"] and found[0]["ms"] >= 0
+
+
+def test_without_the_variables_nothing_is_logged_nor_hooked() -> None:
+    code = GC_WORK + "import sys\nif 'triton' in sys.modules: raise SystemExit('triton imported')\n"
+    proc = _python(code, {})
+    assert proc.returncode == 0 and "gc pause:" not in proc.stderr and "triton compile:" not in proc.stderr
+
+
+def test_a_high_threshold_logs_nothing() -> None:
+    proc = _python(GC_WORK, {"GC_PAUSE_LOG_MS": "100000"})
+    assert proc.returncode == 0 and "gc pause:" not in proc.stderr
+
+
+def _spy_runs():
+    sys.path.insert(0, str(PROBE_DIR))
+    try:
+        import spy_runs
+    finally:
+        sys.path.remove(str(PROBE_DIR))
+    return spy_runs
+
+
+def _recording(tmp_path: Path, samples: list[list[int]]) -> Path:
+    frames = [{"name": "event_loop", "file": "/x/sglang/scheduler.py", "line": 10},
+              {"name": "forward", "file": "/x/sglang/model.py", "line": 20},
+              {"name": "linear", "file": "/x/torch/functional.py", "line": 5},
+              {"name": "poll", "file": "/x/zmq/socket.py", "line": 7},
+              {"name": "compile", "file": "/x/triton/jit.py", "line": 9}]
+    profile = {"type": "sampled", "name": 'Thread 1 "MainThread"', "unit": "seconds", "samples": samples,
+               "weights": [0.01] * len(samples)}
+    path = tmp_path / "spy.json"
+    path.write_text(json.dumps({"shared": {"frames": frames}, "profiles": [profile]}))
+    return path
+
+
+def test_spy_runs_finds_the_long_stretch_on_one_code_path_and_skips_idle_waits(tmp_path: Path) -> None:
+    # moving between code paths every few samples (the path is the sglang frames only)
+    working = [[0, 1, 2]] * 3 + [[0, 2]] * 2
+    stalled = [[0, 1, 4]] * 40  # 400 ms in one call under forward
+    idle = [[0, 3]] * 80  # a long wait for requests: not a stall
+    path = _recording(tmp_path, working + stalled + working[::-1] + idle)
+    result = _spy_runs().main([str(path), "--min-ms", "100", "--json", str(tmp_path / "runs.json")])
+    (found,) = result.values()
+    assert len(found) == 1
+    assert found[0]["samples"] == 40 and found[0]["ms"] == 400.0 and found[0]["began_s"] == 0.05
+    assert found[0]["stack"][-1].startswith("compile (jit.py:9)")
+
+
+def test_spy_runs_reads_a_real_py_spy_recording(tmp_path: Path) -> None:
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not on PATH")
+    script = tmp_path / "stall_demo.py"
+    script.write_text("import time\n\ndef stall():\n    t = time.perf_counter()\n"
+                      "    while time.perf_counter() - t < 0.5:\n        pass\n\nstall()\n")
+    out = tmp_path / "demo.json"
+    proc = subprocess.run(["py-spy", "record", "--idle", "--nonblocking", "--rate", "100", "--format", "speedscope",
+                           "-o", str(out), "--", sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        pytest.skip(f"py-spy cannot record here: {proc.stderr.strip()[-200:]}")
+    found = [r for runs in _spy_runs().main([str(out), "--code-marker", "stall_demo", "--min-ms", "200"]).values()
+             for r in runs]
+    assert found and any("stall (stall_demo.py" in line for line in found[0]["stack"])
