@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from sglang_vlora.server_process import ServerProcess
 
 SCHEMA = "sglang-vlora/e2e/v2"
 WARMUP_REQUESTS = 8
+WARMUP_SPACING_S = 0.1  # between the warm-up's requests: most run alone
 # Seconds a measurement takes beyond its arrivals: the last requests, status calls, and for
 # SGLang's client its start (imports, tokenizer).
 OVERHEAD_S = {"sglang": 10.0, "retrieval": 8.0, "video": 8.0}
@@ -78,20 +79,42 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 def warm_up(server: ServerProcess, points: Sequence[Point], names: Sequence[str], lora: bool,
             seed: int) -> dict[str, Any]:
     """Untimed bursts shaped like each point (JIT compilation, first adapter loads, the
-    orchestrator's first cost measurements)."""
+    orchestrator's first cost measurements), then :func:`cached_prefix_requests` of them."""
     t0 = time.monotonic()
-    reqs = []
+    burst: list[Request] = []
     for point in points:
         if point.client == "sglang":
-            burst = measure.text_requests(point, names, WARMUP_REQUESTS, seed + 99, lora)
+            burst += measure.text_requests(point, names, WARMUP_REQUESTS, seed + 99, lora)
         else:
-            burst = measure.own_requests(plan.scaled(point, 0.0), names, seed + 99, lora)[:WARMUP_REQUESTS]
-        for i, r in enumerate(burst):
-            r.arrival_s = 0.1 * i
-        reqs += burst
+            burst += measure.own_requests(plan.scaled(point, 0.0), names, seed + 99, lora)[:WARMUP_REQUESTS]
+    for i, r in enumerate(burst):
+        r.arrival_s = WARMUP_SPACING_S * i
+    reqs = burst + cached_prefix_requests(burst, WARMUP_SPACING_S * len(burst) + WARMUP_SPACING_S)
     out = measure.run_own(server, reqs) if reqs else {"metrics": {"requests": 0, "completed": 0}}
     return {"requests": out["metrics"]["requests"], "completed": out["metrics"]["completed"],
             "error_samples": out.get("error_samples", []), "seconds": round(time.monotonic() - t0, 1)}
+
+
+def cached_prefix_requests(burst: Sequence[Request], start_s: float) -> list[Request]:
+    """The burst's prompts again from ``start_s``: each in full (every token but the last found in
+    the prefix cache, so a one-token prefill) and, where it is token ids, one token shorter (a
+    one-token prefill one position earlier), then all of them at once (prefills of several
+    requests with cached prefixes). SGLang's eager runner copies each batch's inputs with a
+    Triton kernel specialised on its tensors' 16-byte alignment, which such batches change, and
+    a variant first met in a measured round compiled there, in a request's time: up to 350 ms
+    with a cold Triton cache (the launcher built by the C compiler), paid by whichever server
+    met it first (docs/bench.md, "Stalls in a server's threads")."""
+    again: list[Request] = []
+    for r in burst:
+        again.append(replace(r, payload=dict(r.payload)))
+        ids = r.payload.get("input_ids")
+        if isinstance(ids, list) and len(ids) > 1:
+            again.append(replace(r, payload={**r.payload, "input_ids": ids[:-1]}))
+    together = [replace(r, payload=dict(r.payload)) for r in again]
+    timed = again + together
+    for i, r in enumerate(timed):
+        r.arrival_s = start_s + WARMUP_SPACING_S * min(i, len(again))
+    return timed
 
 
 @dataclass
