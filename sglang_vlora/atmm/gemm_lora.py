@@ -29,6 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sglang_vlora.atmm.fast_launch import FastLauncher
+from sglang_vlora.atmm.launch_compiles import compile_and_load
 from sglang_vlora.atmm.work_items import WorkItems
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -182,8 +183,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, int
     constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
                   "BLOCK_K": config.block_k, "R_BLOCK": rank_block, "GROUP_M": config.group_m}
     if compile_only:
-        _gemm_lora_kernel.warmup(*args, grid=grid, **constexprs, num_warps=config.num_warps,
-                                 num_stages=config.num_stages)
+        compile_and_load(_gemm_lora_kernel, grid, args, constexprs, config.num_warps, config.num_stages)
     else:
         _LAUNCHER(grid, args, constexprs, config.num_warps, config.num_stages)
     return out

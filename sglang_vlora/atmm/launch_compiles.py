@@ -69,3 +69,19 @@ def launch_counting_compiles(fn: Any, launch: Callable[[], Any], constexprs: dic
         LAUNCH_COMPILES.add(fn.__name__, seconds, variant)
         logger.info("%s compiled in %.2f s: %s", fn.__name__, seconds, variant)
     return result
+
+
+def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any], num_warps: int,
+                  num_stages: int, **options: Any) -> None:
+    """Compile the Triton kernel ``fn``'s variant for these arguments and load it, launching
+    nothing. Triton's ``warmup`` compiles the variant (or loads it from its disk cache) but
+    loads its module onto the GPU and builds its launcher, a small C extension, only at the
+    variant's first launch. Where Triton's cache does not hold that launcher yet (a fresh
+    machine or container), building it runs the C compiler for 200-400 ms (H200 machine,
+    Triton 3.6), in the scheduler's thread: the first request whose batch launched the variant
+    waited that long, and every request queued behind it (docs/perf.md, "The first small
+    batch's launcher"). Here both happen at start-up, with the compile."""
+    kernel = fn.warmup(*args, **constexprs, num_warps=num_warps, num_stages=num_stages, grid=grid, **options)
+    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x); None under the interpreter
+    if callable(load):
+        load()

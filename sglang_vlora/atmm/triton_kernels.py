@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from sglang_vlora.atmm.fast_launch import FastLauncher, PreparedLaunch, launch_options
+from sglang_vlora.atmm.launch_compiles import compile_and_load
 from sglang_vlora.atmm.split_k import COUNTER_SLOTS, split_counters
 from sglang_vlora.atmm.tiling import ExpandConfig, ShrinkConfig
 from sglang_vlora.atmm.work_items import ABSORBED as _ABSORBED
@@ -721,11 +722,9 @@ _EXPAND = FastLauncher(_expand_kernel)
 
 
 def _launch(launcher: FastLauncher, grid, args: tuple, constexprs: dict, config, compile_only: bool) -> None:
-    """Launch, or with ``compile_only`` compile without launching (Triton's ``warmup``)."""
+    """Launch, or with ``compile_only`` compile and load without launching (:func:`~sglang_vlora.atmm.launch_compiles.compile_and_load`)."""
     if compile_only:
-        launcher.fn.warmup(
-            *args, **constexprs, num_warps=config.num_warps, num_stages=config.num_stages, grid=grid,
-            **launch_options(constexprs),
-        )
+        compile_and_load(launcher.fn, grid, args, constexprs, config.num_warps, config.num_stages,
+                      **launch_options(constexprs))
         return
     launcher(grid, args, constexprs, config.num_warps, config.num_stages)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_vlora.atmm.launch_compiles import launch_counting_compiles
+from sglang_vlora.atmm.launch_compiles import compile_and_load, launch_counting_compiles
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def _launch(out, src, b, a, scale: float, r: int, b_strides: tuple, a_strides: t
     }
     warps, stages = cfg.num_warps, cfg.num_stages
     if compile_only:
-        _fold_kernel.warmup(*args, **constexprs, num_warps=warps, num_stages=stages, grid=grid)
+        compile_and_load(_fold_kernel, grid, args, constexprs, warps, stages)
     else:  # a variant compiled here, while serving, shows in /vlora/status kernel_compiles
         launch_counting_compiles(
             _fold_kernel, lambda: _fold_kernel[grid](*args, **constexprs, num_warps=warps, num_stages=stages),

@@ -179,3 +179,24 @@ def test_switches_compile_nothing_after_the_compile_ahead() -> None:
     torch.testing.assert_close(kinds["o"].float(), expected, atol=1e-3, rtol=1e-2)
     compiled = LAUNCH_COMPILES.snapshot()["by_variant"]
     assert LAUNCH_COMPILES.count > counted and any(v.startswith("_fold_kernel") and "BLOCK_R=32" in v for v in compiled)
+
+
+def test_variants_compiled_ahead_are_loaded_with_their_launchers() -> None:
+    """Triton's warmup compiles a variant but loads it (module and C launcher) at its first launch,
+    which with a cold Triton cache runs the C compiler in a request's time: compiled ahead, a
+    variant is loaded too (``launch_compiles.compile_and_load``)."""
+    from sglang_vlora.atmm import ops, small_gemm, triton_kernels
+    from sglang_vlora.atmm.static_items import StaticWorkItems
+
+    k, rank, out = 1216, 24, (1216, 192, 192)  # a shape no other test uses
+    offsets = [0, out[0], out[0] + out[1], sum(out)]
+    a = torch.randn(3, 3 * rank, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, sum(out), rank, device="cuda", dtype=torch.bfloat16)
+    static = StaticWorkItems.allocate(capacity=5, max_tokens=512, num_slots=3, device="cuda", covers_tokens=True)
+    x = torch.empty(16, k, device="cuda", dtype=torch.bfloat16)
+    ops.compile_small_gemm(x, sum(out) + 3 * 3 * rank, False, a, b, static, offsets)
+    ops.compile_in_gemm(x, sum(out) + 3 * 3 * rank, sum(out), b, static, offsets)
+    kernels = (small_gemm._small_gemm_lora_kernel, triton_kernels._expand_kernel, triton_kernels._shrink_kernel)
+    variants = [kernel for fn in kernels for cache in fn.device_caches.values() for kernel in cache[0].values()]
+    assert variants and all(kernel.module is not None for kernel in variants), [
+        kernel.name for kernel in variants if kernel.module is None]

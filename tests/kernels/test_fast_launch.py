@@ -136,3 +136,41 @@ def test_a_kernel_asking_for_pdl_is_compiled_with_it() -> None:
     launch((1,), (src, src, 8), {"BLOCK": 8, "USE_PDL": True}, 4, 2)
     launch((1,), (src, src, 8), {"BLOCK": 8, "USE_PDL": False}, 4, 2)
     assert [k.get("launch_pdl") for k in seen] == [True, None]
+
+
+class _Compiled:
+    """What Triton's ``warmup`` returns: a compiled kernel, loaded (module and launcher) only on demand."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+
+    def _init_handles(self) -> None:
+        self.loaded += 1
+
+
+class _Kernel:
+    def __init__(self, returns) -> None:
+        self.returns, self.calls = returns, []
+
+    def warmup(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.returns
+
+
+def test_compile_and_load_loads_what_warmup_compiled() -> None:
+    # Triton builds a variant's launcher (a C compile) at its first launch, not in warmup: a
+    # real compile needs a GPU (tests/gpu/test_compile_ahead.py checks it there).
+    from sglang_vlora.atmm.launch_compiles import compile_and_load
+
+    kernel = _Kernel(_Compiled())
+    compile_and_load(kernel, (4,), (1, 2), {"BLOCK": 16}, 4, 2, launch_pdl=True)
+    assert kernel.returns.loaded == 1
+    assert kernel.calls == [((1, 2), {"BLOCK": 16, "num_warps": 4, "num_stages": 2, "grid": (4,), "launch_pdl": True})]
+
+
+def test_compile_and_load_under_the_interpreter_loads_nothing() -> None:
+    from sglang_vlora.atmm.launch_compiles import compile_and_load
+
+    kernel = _Kernel(None)  # the interpreter compiles nothing
+    compile_and_load(kernel, (1,), (), {}, 4, 2)
+    assert len(kernel.calls) == 1
