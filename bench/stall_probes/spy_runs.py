@@ -9,7 +9,7 @@ skipping runs whose leaf is an idle wait, with when each began (seconds from the
 recording's start) and the stack of its middle sample.
 
 Usage: python bench/stall_probes/spy_runs.py SPEEDSCOPE.json[.gz] [--top 10] [--min-ms 50]
-       [--code-marker sglang] [--json OUT]
+       [--code-marker sglang] [--process sglang::scheduler] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,8 +22,18 @@ from typing import Any
 
 # Leaf functions of a thread that waits for work rather than doing it.
 IDLE_LEAVES = frozenset({"poll", "select", "epoll_wait", "wait", "sleep", "recv", "recv_multipart", "recv_pyobj",
-                         "_recv", "accept", "acquire", "_wait_for_tstate_lock", "get", "run_forever",
-                         "_run_once", "readinto", "read"})
+                         "_recv", "_recv_bytes", "recv_bytes", "_recv_msg", "accept", "acquire", "__enter__",
+                         "_wait_for_tstate_lock", "get", "run_forever", "_run_once", "readinto", "read"})
+# Files whose frames, as a stack's innermost Python frame, wait (an event loop in C, a pool's queue).
+IDLE_FILES = ("asyncio/runners.py", "asyncio/base_events.py", "selectors.py", "threading.py", "queue.py",
+              "multiprocessing/connection.py", "multiprocessing/queues.py", "multiprocessing/synchronize.py",
+              "zmq/sugar/socket.py", "zmq/sugar/poll.py", "idle_sleeper.py")
+
+
+def _idle(frame: dict[str, Any]) -> bool:
+    """Whether a stack whose innermost Python frame is ``frame`` is a thread waiting for work."""
+    name = frame["name"].rsplit(".", 1)[-1]  # "Poller.poll": "poll"
+    return name in IDLE_LEAVES or frame.get("file", "").endswith(IDLE_FILES)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -52,13 +62,21 @@ def runs(profile: dict[str, Any], frames: list[dict[str, Any]], marker: str, min
             end += 1
         t += length
         middle = samples[(start + end - 1) // 2]
-        leaf = frames[middle[-1]]["name"] if middle else ""
-        if key and length >= min_ms and leaf not in IDLE_LEAVES:
+        if key and length >= min_ms and middle and not _idle(frames[middle[-1]]):
             found.append({"ms": round(length, 1), "began_s": round(began / 1000.0, 3), "samples": end - start,
-                          "stack": [f"{frames[i]['name']} ({Path(frames[i].get('file', '')).name}:"
-                                    f"{frames[i].get('line', '')})" for i in middle[-14:]]})
+                          "stack": [f"{frames[i]['name']} ({Path(frames[i]['file']).name}:{frames[i].get('line', '')})"
+                                    for i in middle if frames[i].get("file")][-14:]})
         start = end
     return sorted(found, key=lambda r: -r["ms"])
+
+
+def _in_process(profile: dict[str, Any], frames: list[dict[str, Any]], process: str) -> bool:
+    """Whether a thread's samples name a process with ``process`` in its name (py-spy puts each
+    sample's processes first in its stack, as frames without a file)."""
+    if not process:
+        return True
+    samples = profile.get("samples") or [[]]
+    return any(process in frames[i]["name"] for i in samples[0] if not frames[i].get("file"))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -67,11 +85,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--min-ms", type=float, default=50.0)
     parser.add_argument("--code-marker", default="sglang", help="a frame is the server's code if its file has this")
+    parser.add_argument("--process", default="", help="only threads of processes whose name has this (py-spy "
+                        "names each process by its title, e.g. sglang::scheduler)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     data = load(args.recording)
     frames = data["shared"]["frames"]
-    result = {p.get("name", "?"): runs(p, frames, args.code_marker, args.min_ms)[: args.top] for p in data["profiles"]}
+    profiles = [p for p in data["profiles"] if _in_process(p, frames, args.process)]
+    result = {p.get("name", "?"): runs(p, frames, args.code_marker, args.min_ms)[: args.top] for p in profiles}
     for thread, found in result.items():
         if not found:
             continue

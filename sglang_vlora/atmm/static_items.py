@@ -89,7 +89,9 @@ class StaticWorkItems:
         stride = -(-capacity // _ALIGN) * _ALIGN
         perm_at = (_INT_FIELDS + 1) * stride + -(-(num_slots + 1) // _ALIGN) * _ALIGN
         packed = torch.zeros(perm_at + max_tokens, dtype=torch.int32, device=device)
-        packed[perm_at:] = torch.arange(max_tokens, dtype=torch.int32)
+        # Made on the device: a copy from pageable host memory would wait for the GPU's queue
+        # (the eager buffers grow in the middle of serving, behind a queued forward).
+        packed[perm_at:] = torch.arange(max_tokens, dtype=torch.int32, device=packed.device)
 
         def view(k: int) -> torch.Tensor:
             return packed[k * stride : k * stride + capacity]
