@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
+
 PAUSE = re.compile(r"gc pause: pid (\d+) gen (-?\d+) ms ([\d.]+) collected (\d+) uncollectable (\d+) "
                    r"frozen (\d+) at ([\d.]+)")
 COMPILE = re.compile(r"triton compile: pid (\d+) kernel (\S+) ms (-?[\d.]+) warmup ([01]) at ([\d.]+)")
@@ -55,6 +57,17 @@ def _line(totals: dict[str, dict[str, float]], label: str) -> str:
                      for k, v in sorted(totals.items())) or "none logged"
 
 
+def write_json(path: Path, body: dict[str, Any], inputs: list[str]) -> None:
+    """``body`` with what it was read from and the provenance of the analysis run."""
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from bench import provenance
+
+    path.write_text(json.dumps({"inputs": inputs, **body, "provenance": provenance.record()}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", type=Path)
@@ -68,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for e in s["long"]:
             print(f"  {e['ms']:.0f} ms {e['what']} pid {e['pid']} at {e['at']:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        write_json(args.json, {"logs": summary}, [str(p) for p in args.logs])
     return summary
 
 

@@ -79,8 +79,8 @@ def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: di
     variant's first launch. Where Triton's cache does not hold that launcher yet (a fresh
     machine or container), building it runs the C compiler for 200-400 ms (H200 machine,
     Triton 3.6), in the scheduler's thread: the first request whose batch launched the variant
-    waited that long, and every request queued behind it (docs/perf.md, "The first small
-    batch's launcher"). Here both happen at start-up, with the compile."""
+    waited that long, and every request queued behind it (docs/perf.md, "The one-token
+    stall"). Here both happen at start-up, with the compile."""
     kernel = fn.warmup(*args, **constexprs, num_warps=num_warps, num_stages=num_stages, grid=grid, **options)
     load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x); None under the interpreter
     if callable(load):

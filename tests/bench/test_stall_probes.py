@@ -51,6 +51,8 @@ def test_logs_each_collection_over_the_threshold_and_the_summary_reads_them(tmp_
     assert any(p["generation"] == 2 for p in found)  # the explicit gc.collect()
     result = summary.main([str(log), "--list-ms", "0", "--json", str(tmp_path / "s.json")])[str(log)]
     assert sum(g["count"] for g in result["gc_by_generation"].values()) == len(found) == len(result["long"])
+    written = json.loads((tmp_path / "s.json").read_text())
+    assert written["inputs"] == [str(log)] and written["logs"][str(log)] == result and "git" in written["provenance"]
     assert result["compiles_by_kernel"] == {}
     assert (tmp_path / "s.json").exists()
 
