@@ -17,10 +17,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import provenance  # noqa: E402
 
 # Leaf functions of a thread that waits for work rather than doing it.
 IDLE_LEAVES = frozenset({"poll", "select", "epoll_wait", "wait", "sleep", "recv", "recv_multipart", "recv_pyobj",
@@ -81,17 +86,6 @@ def _in_process(profile: dict[str, Any], frames: list[dict[str, Any]], process: 
     return any(process in frames[i]["name"] for i in samples[0] if not frames[i].get("file"))
 
 
-def write_json(path: Path, body: dict[str, Any], inputs: list[str]) -> None:
-    """``body`` with what it was read from and the provenance of the analysis run."""
-    import sys
-
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from bench import provenance
-
-    path.write_text(json.dumps({"inputs": inputs, **body, "provenance": provenance.record()}, indent=1) + "\n")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recording", type=Path)
@@ -115,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for line in r["stack"]:
                 print(f"      {line}")
     if args.json:
-        write_json(args.json, {"threads": result}, [str(args.recording)])
+        provenance.write_results(args.json.parent, args.json.stem, {"threads": result},
+                                 "bench/stall_probes/spy_runs.py", sys.argv[1:] if argv is None else argv)
     return result
 
 

@@ -9,12 +9,16 @@ Usage: python bench/stall_probes/summary.py LOG [LOG ...] [--list-ms 100] [--jso
 from __future__ import annotations
 
 import argparse
-import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import provenance  # noqa: E402
 
 PAUSE = re.compile(r"gc pause: pid (\d+) gen (-?\d+) ms ([\d.]+) collected (\d+) uncollectable (\d+) "
                    r"frozen (\d+) at ([\d.]+)")
@@ -57,22 +61,11 @@ def _line(totals: dict[str, dict[str, float]], label: str) -> str:
                      for k, v in sorted(totals.items())) or "none logged"
 
 
-def write_json(path: Path, body: dict[str, Any], inputs: list[str]) -> None:
-    """``body`` with what it was read from and the provenance of the analysis run."""
-    import sys
-
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from bench import provenance
-
-    path.write_text(json.dumps({"inputs": inputs, **body, "provenance": provenance.record()}, indent=1) + "\n")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--list-ms", type=float, default=100.0, help="list every pause or compile at least this long")
-    parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument("--json", type=Path, help="also write the summary here (a .json path)")
     args = parser.parse_args(argv)
     summary = {str(path): summarise(path.read_text(errors="replace"), args.list_ms) for path in args.logs}
     for name, s in summary.items():
@@ -81,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for e in s["long"]:
             print(f"  {e['ms']:.0f} ms {e['what']} pid {e['pid']} at {e['at']:.2f}")
     if args.json:
-        write_json(args.json, {"logs": summary}, [str(p) for p in args.logs])
+        provenance.write_results(args.json.parent, args.json.stem, {"logs": summary},
+                                 "bench/stall_probes/summary.py", sys.argv[1:] if argv is None else argv)
     return summary
 
 
