@@ -13,7 +13,10 @@ benchmark's server logs keep; ``bench/stall_probes/summary.py`` reads them back.
 * ``TRITON_COMPILE_LOG=1``: every Triton kernel variant a process compiles or loads from Triton's
   disk cache, any kernel's (SGLang's own too), through Triton's JIT hooks::
 
-    triton compile: pid 1234 kernel _fwd_kernel ms 380.2 warmup 0 at 1796067068.85
+    triton compile: pid 1234 kernel _fwd_kernel ms 380.2 warmup 0 at 1796067068.85 sig _fwd_kernel[num_warps=4, ...](...)
+
+  ``sig``: Triton's description of the variant (its options and each argument's type and
+  specialisation), where this Triton passes one.
 
 ``at`` is the event's end in ``time.time()`` seconds, the clock of ``/vlora/timeline``'s ``at``.
 Where neither variable is set the folder on ``PYTHONPATH`` changes nothing.
@@ -26,8 +29,8 @@ import threading
 import time
 
 
-def _log(line: str) -> None:
-    sys.stderr.write(f"{line} at {time.time():.2f}\n")
+def _log(line: str, tail: str = "") -> None:
+    sys.stderr.write(f"{line} at {time.time():.2f}{tail}\n")
 
 
 def _log_gc_pauses(threshold_ms: float) -> None:
@@ -66,8 +69,9 @@ def _log_triton_compiles() -> None:
         ms = -1.0 if begun is None else (time.perf_counter() - begun) * 1000.0
         fn = kwargs.get("fn")
         name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "?"
+        signature = " ".join(str(kwargs.get("repr", "")).split())  # which variant: the arguments' types
         _log(f"triton compile: pid {os.getpid()} kernel {name} ms {ms:.1f} "
-             f"warmup {int(bool(kwargs.get('is_manual_warmup')))}")
+             f"warmup {int(bool(kwargs.get('is_manual_warmup')))}", f" sig {signature}" if signature else "")
         return None
 
     knobs.runtime.jit_cache_hook = before

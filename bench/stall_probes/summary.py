@@ -22,7 +22,7 @@ from bench import provenance  # noqa: E402
 
 PAUSE = re.compile(r"gc pause: pid (\d+) gen (-?\d+) ms ([\d.]+) collected (\d+) uncollectable (\d+) "
                    r"frozen (\d+) at ([\d.]+)")
-COMPILE = re.compile(r"triton compile: pid (\d+) kernel (\S+) ms (-?[\d.]+) warmup ([01]) at ([\d.]+)")
+COMPILE = re.compile(r"triton compile: pid (\d+) kernel (\S+) ms (-?[\d.]+) warmup ([01]) at ([\d.]+)(?: sig ([^\n]*))?")
 
 
 def pauses(text: str) -> list[dict[str, Any]]:
@@ -33,8 +33,8 @@ def pauses(text: str) -> list[dict[str, Any]]:
 
 def compiles(text: str) -> list[dict[str, Any]]:
     """Every ``triton compile:`` line of a log, in order."""
-    return [{"pid": int(m[1]), "kernel": m[2], "ms": float(m[3]), "warmup": m[4] == "1", "at": float(m[5])}
-            for m in COMPILE.finditer(text)]
+    return [{"pid": int(m[1]), "kernel": m[2], "ms": float(m[3]), "warmup": m[4] == "1", "at": float(m[5]),
+             "signature": m[6] or ""} for m in COMPILE.finditer(text)]
 
 
 def _totals(events: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:

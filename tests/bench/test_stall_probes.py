@@ -22,7 +22,8 @@ TRITON_WORK = """
 from types import SimpleNamespace
 from triton import knobs
 assert knobs.runtime.jit_cache_hook(key="k", fn=SimpleNamespace(name="_demo_kernel"), is_manual_warmup=False) is None
-knobs.runtime.jit_post_compile_hook(key="k", fn=SimpleNamespace(name="_demo_kernel"), is_manual_warmup=True)
+knobs.runtime.jit_post_compile_hook(key="k", repr="_demo_kernel[num_warps=4](x: *i64)", fn=SimpleNamespace(name="_demo_kernel"),
+                                   is_manual_warmup=True)
 """
 
 
@@ -68,6 +69,7 @@ def test_logs_triton_compiles_through_its_jit_hooks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     found = _summary().compiles(proc.stderr)
     assert len(found) == 1 and found[0]["kernel"] == "_demo_kernel" and found[0]["warmup"] and found[0]["ms"] >= 0
+    assert found[0]["signature"] == "_demo_kernel[num_warps=4](x: *i64)"
 
 
 def test_without_the_variables_nothing_is_logged_nor_hooked() -> None:
