@@ -83,5 +83,13 @@ def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: di
     stall"). Here both happen at start-up, with the compile."""
     kernel = fn.warmup(*args, **constexprs, num_warps=num_warps, num_stages=num_stages, grid=grid, **options)
     load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x); None under the interpreter
-    if callable(load):
+    if not callable(load):
+        return
+    try:
         load()
+    except Exception as exc:  # e.g. Triton's OutOfResources: a config needing more shared memory than this GPU has
+        # Compiled ahead because the table may pick it at some token count: Triton keeps the error
+        # and raises it again at the variant's first launch, so nothing launches it silently.
+        logger.warning("%s: a variant compiled ahead cannot load on this GPU (%s: %s): %s; a batch that picks it "
+                       "fails the same way", getattr(fn, "__name__", fn),
+                       type(exc).__name__, exc, describe_variant(constexprs, num_warps, num_stages))

@@ -174,3 +174,20 @@ def test_compile_and_load_under_the_interpreter_loads_nothing() -> None:
     kernel = _Kernel(None)  # the interpreter compiles nothing
     compile_and_load(kernel, (1,), (), {}, 4, 2)
     assert len(kernel.calls) == 1
+
+
+def test_a_variant_that_cannot_load_is_logged_not_raised_at_start_up(caplog) -> None:
+    # The table's configs are compiled ahead for every token count; one this GPU cannot load
+    # (Triton raises again at its first launch) must not stop the server from starting.
+    from sglang_vlora.atmm.launch_compiles import compile_and_load
+
+    class _TooLarge(_Compiled):
+        def _init_handles(self) -> None:
+            raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
+
+    kernel = _Kernel(_TooLarge())
+    kernel.__name__ = "_expand_kernel"
+    with caplog.at_level("WARNING", logger="sglang_vlora.atmm.launch_compiles"):
+        compile_and_load(kernel, (1,), (), {"BLOCK_M": 128}, 8, 3)
+    assert "_expand_kernel" in caplog.text and "cannot load on this GPU" in caplog.text
+    assert "shared memory" in caplog.text and "BLOCK_M=128 w8 s3" in caplog.text
