@@ -72,7 +72,7 @@ def launch_counting_compiles(fn: Any, launch: Callable[[], Any], constexprs: dic
 
 
 def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any], num_warps: int,
-                  num_stages: int, **options: Any) -> None:
+                     num_stages: int, **options: Any) -> None:
     """Compile the Triton kernel ``fn``'s variant for these arguments and load it, launching
     nothing. Triton's ``warmup`` compiles the variant (or loads it from its disk cache) but
     loads its module onto the GPU and builds its launcher, a small C extension, only at the

@@ -722,9 +722,10 @@ _EXPAND = FastLauncher(_expand_kernel)
 
 
 def _launch(launcher: FastLauncher, grid, args: tuple, constexprs: dict, config, compile_only: bool) -> None:
-    """Launch, or with ``compile_only`` compile and load without launching (:func:`~sglang_vlora.atmm.launch_compiles.compile_and_load`)."""
+    """Launch, or with ``compile_only`` compile and load without launching
+    (:func:`sglang_vlora.atmm.launch_compiles.compile_and_load`)."""
     if compile_only:
         compile_and_load(launcher.fn, grid, args, constexprs, config.num_warps, config.num_stages,
-                      **launch_options(constexprs))
+                         **launch_options(constexprs))
         return
     launcher(grid, args, constexprs, config.num_warps, config.num_stages)
