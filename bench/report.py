@@ -190,7 +190,7 @@ def update(files: Iterable[Path], results_dir: Path = RESULTS, write: bool = Tru
 def cited_results(text: str) -> set[str]:
     """Results files a doc names as ``bench/results/<path>`` (a plain path, no pattern; ``.json``,
     ``.json.gz``, ``.md`` or ``.png``), relative to bench/results/."""
-    return set(re.findall(r"bench/results/((?:[\w.-]+/)*[\w.-]+\.(?:json\.gz|json|md|png))(?![\w{|*.])", text))
+    return set(re.findall(r"bench/results/((?:[\w.-]+/)*[\w.-]+\.(?:json\.gz|json|md|png))(?![\w{|*])", text))
 
 
 def quoted_results(texts: Iterable[str]) -> set[str]:

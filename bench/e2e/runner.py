@@ -107,10 +107,11 @@ def cached_prefix_requests(burst: Sequence[Request], start_s: float) -> list[Req
     the prefix cache, so a one-token prefill) and, where it is token ids, one token shorter (a
     one-token prefill one position earlier), then all of them at once (prefills of several
     requests with cached prefixes). SGLang's eager runner copies each batch's inputs with a
-    Triton kernel specialised on its tensors' 16-byte alignment, which such batches change, and
-    a variant first met in a measured round compiled there, in a request's time: up to 350 ms
-    with a cold Triton cache (the launcher built by the C compiler), paid by whichever server
-    met it first (docs/bench.md, "Stalls in a server's threads")."""
+    Triton kernel specialised on those tensors, and the plugin's one kernel runs only for batches
+    of a few tokens: a variant first met in a measured round was compiled or loaded there, in a
+    request's time (110-190 ms a compile with a cold Triton cache, 200-400 ms more where the C
+    compiler builds its launcher), by whichever server met it first (docs/perf.md, "The
+    one-token stall")."""
     again: list[Request] = []
     for r in burst:
         again.append(replace(r, payload=dict(r.payload)))

@@ -22,6 +22,8 @@ benchmark's server logs keep; ``bench/stall_probes/summary.py`` reads them back.
 Where neither variable is set the folder on ``PYTHONPATH`` changes nothing.
 """
 
+from __future__ import annotations
+
 import gc
 import os
 import sys
@@ -78,7 +80,22 @@ def _log_triton_compiles() -> None:
     knobs.runtime.jit_post_compile_hook = after
 
 
+def _threshold_ms(value: str) -> float | None:
+    """``GC_PAUSE_LOG_MS`` as milliseconds; None (and a line saying why) where it is no such number:
+    this runs in every process started with the folder on its path, which must start anyway."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0:  # also NaN
+        _log(f"gc pause: not logged in pid {os.getpid()} (GC_PAUSE_LOG_MS={value!r} is not a number of ms >= 0)")
+        return None
+    return ms
+
+
 if os.environ.get("GC_PAUSE_LOG_MS"):
-    _log_gc_pauses(float(os.environ["GC_PAUSE_LOG_MS"]))
+    threshold = _threshold_ms(os.environ["GC_PAUSE_LOG_MS"])
+    if threshold is not None:
+        _log_gc_pauses(threshold)
 if os.environ.get("TRITON_COMPILE_LOG") == "1":
     _log_triton_compiles()

@@ -11,6 +11,10 @@
 set -uo pipefail
 [ $# -ge 3 ] || { echo "usage: bash bench/stall_probes/spy_on.sh SYSTEM SECONDS OUT_FILE [RATE]" >&2; exit 2; }
 SYSTEM=$1 SECONDS_TO_RECORD=$2 OUT_FILE=$3 RATE=${4:-100}
+for n in "$SECONDS_TO_RECORD" "$RATE"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "spy_on: SECONDS and RATE must be whole numbers above 0, got '$n'" >&2; exit 2; }
+done
+[ -d "$(dirname "$OUT_FILE")" ] || { echo "spy_on: no folder $(dirname "$OUT_FILE") for $OUT_FILE" >&2; exit 2; }
 command -v py-spy >/dev/null || { echo "spy_on: py-spy is not on PATH" >&2; exit 2; }
 for _ in $(seq 1 900); do
   LOG=$(ls -t /tmp/e2e_logs.*/"$SYSTEM".log 2>/dev/null | head -n 1)
@@ -23,5 +27,5 @@ PID=$([ -n "$PORT" ] && pgrep -o -f -- "--port $PORT( |$)")
 [ -n "$PID" ] || { echo "spy_on: no process of $SYSTEM found" >&2; exit 1; }
 echo "spy_on: recording $SYSTEM (pid $PID) for $SECONDS_TO_RECORD s at $RATE a second from $(date +%s.%N)"
 py-spy record --pid "$PID" --subprocesses --idle --nonblocking --rate "$RATE" --duration "$SECONDS_TO_RECORD" \
-  --format speedscope --output "$OUT_FILE" >/dev/null 2>&1
+  --format speedscope --output "$OUT_FILE" >/dev/null || { echo "spy_on: py-spy failed (above)" >&2; exit 1; }
 gzip -f "$OUT_FILE" && echo "spy_on: wrote $OUT_FILE.gz"

@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import provenance  # noqa: E402
+import probe_output
 
 # Leaf functions of a thread that waits for work rather than doing it.
 IDLE_LEAVES = frozenset({"poll", "select", "epoll_wait", "wait", "sleep", "recv", "recv_multipart", "recv_pyobj",
@@ -44,9 +39,19 @@ def _idle(frame: dict[str, Any]) -> bool:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A py-spy speedscope recording (gzipped where the name ends in ``.gz``); ValueError where the
+    file is no such recording."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable speedscope JSON recording ({type(exc).__name__}: {exc})") from exc
+    if not (isinstance(data, dict) and isinstance(data.get("profiles"), list)
+            and isinstance(data.get("shared", {}).get("frames"), list)):
+        raise ValueError(f"{path}: not a speedscope recording (no profiles and shared frames; py-spy record "
+                         "--format speedscope writes one)")
+    return data
 
 
 def _code_path(stack: list[int], frames: list[dict[str, Any]], marker: str) -> tuple[int, ...]:
@@ -58,13 +63,14 @@ def runs(profile: dict[str, Any], frames: list[dict[str, Any]], marker: str, min
     """The thread's runs of at least ``min_ms`` on one path through ``marker`` frames, longest first."""
     samples, weights = profile.get("samples", []), profile.get("weights", [])
     scale = 1000.0 if profile.get("unit", "seconds") == "seconds" else 1.0
+    paths = [_code_path(sample, frames, marker) for sample in samples]
     found: list[dict[str, Any]] = []
     t = 0.0
     start = 0
     while start < len(samples):
-        key = _code_path(samples[start], frames, marker)
+        key = paths[start]
         end, began, length = start, t, 0.0
-        while end < len(samples) and _code_path(samples[end], frames, marker) == key:
+        while end < len(samples) and paths[end] == key:
             length += weights[end] * scale if end < len(weights) else 0.0
             end += 1
         t += length
@@ -96,7 +102,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "names each process by its title, e.g. sglang::scheduler)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    data = load(args.recording)
+    probe_output.check_json_path(parser, args.json)
+    if args.top < 1 or args.min_ms < 0:
+        parser.error("--top must be at least 1 and --min-ms at least 0")
+    try:
+        data = load(args.recording)
+    except ValueError as exc:
+        parser.error(str(exc))
     frames = data["shared"]["frames"]
     profiles = [p for p in data["profiles"] if _in_process(p, frames, args.process)]
     result = {p.get("name", "?"): runs(p, frames, args.code_marker, args.min_ms)[: args.top] for p in profiles}
@@ -109,8 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for line in r["stack"]:
                 print(f"      {line}")
     if args.json:
-        provenance.write_results(args.json.parent, args.json.stem, {"threads": result},
-                                 "bench/stall_probes/spy_runs.py", sys.argv[1:] if argv is None else argv)
+        probe_output.write(args.json, {"threads": result}, "bench/stall_probes/spy_runs.py", argv)
     return result
 
 

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import provenance  # noqa: E402
+import probe_output
 
 PAUSE = re.compile(r"gc pause: pid (\d+) gen (-?\d+) ms ([\d.]+) collected (\d+) uncollectable (\d+) "
                    r"frozen (\d+) at ([\d.]+)")
@@ -67,6 +62,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--list-ms", type=float, default=100.0, help="list every pause or compile at least this long")
     parser.add_argument("--json", type=Path, help="also write the summary here (a .json path)")
     args = parser.parse_args(argv)
+    probe_output.check_json_path(parser, args.json)
+    missing = [str(path) for path in args.logs if not path.is_file()]
+    if missing:
+        parser.error(f"no such log file: {', '.join(missing)}")
+    if args.list_ms < 0:
+        parser.error("--list-ms must be at least 0")
     summary = {str(path): summarise(path.read_text(errors="replace"), args.list_ms) for path in args.logs}
     for name, s in summary.items():
         print(f"{name}\n  gc pauses: {_line(s['gc_by_generation'], 'gen ')}\n"
@@ -74,8 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for e in s["long"]:
             print(f"  {e['ms']:.0f} ms {e['what']} pid {e['pid']} at {e['at']:.2f}")
     if args.json:
-        provenance.write_results(args.json.parent, args.json.stem, {"logs": summary},
-                                 "bench/stall_probes/summary.py", sys.argv[1:] if argv is None else argv)
+        probe_output.write(args.json, {"logs": summary}, "bench/stall_probes/summary.py", argv)
     return summary
 
 

@@ -128,3 +128,39 @@ def test_spy_runs_reads_a_real_py_spy_recording(tmp_path: Path) -> None:
     found = [r for runs in _spy_runs().main([str(out), "--code-marker", "stall_demo", "--min-ms", "200"]).values()
              for r in runs]
     assert found and any("stall (stall_demo.py" in line for line in found[0]["stack"])
+
+
+def test_a_threshold_that_is_no_number_is_said_and_the_process_still_runs() -> None:
+    proc = _python(GC_WORK + "print('ran')\n", {"GC_PAUSE_LOG_MS": "fast"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran"
+    assert "GC_PAUSE_LOG_MS='fast' is not a number" in proc.stderr and "gc pause: pid" not in proc.stderr
+
+
+def _refused(module: str, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        _probe_module(module).main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_readers_refuse_bad_input_with_a_clear_message(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("no probe lines\n")
+    assert "no such log file" in _refused("summary", [str(tmp_path / "absent.log")], capsys)
+    assert "ending in .json" in _refused("summary", [str(log), "--json", str(tmp_path / "s.txt")], capsys)
+    assert "--list-ms must be at least 0" in _refused("summary", [str(log), "--list-ms", "-1"], capsys)
+    garbage = tmp_path / "spy.json.gz"
+    garbage.write_bytes(b"not gzip")
+    assert "not a readable speedscope JSON recording" in _refused("spy_runs", [str(garbage)], capsys)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"samples": []}))
+    assert "not a speedscope recording" in _refused("spy_runs", [str(other)], capsys)
+    assert "--top must be at least 1" in _refused("spy_runs", [str(other), "--top", "0"], capsys)
+    assert "no folder" in _refused("spy_runs", [str(other), "--json", str(tmp_path / "absent" / "r.json")], capsys)
+
+
+@pytest.mark.parametrize("args", [["scheduler", "0", "out.json"], ["scheduler", "10", "out.json", "fast"]])
+def test_spy_on_refuses_counts_that_are_no_positive_whole_numbers(args: list[str], tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(PROBE_DIR / "spy_on.sh"), *args[:2], str(tmp_path / args[2]), *args[3:]],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "whole numbers above 0" in proc.stderr

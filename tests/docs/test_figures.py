@@ -93,6 +93,9 @@ def test_the_legacy_files_say_what_they_lack() -> None:
 def test_cited_results_reads_paths_in_subfolders_not_patterns() -> None:
     text = "`bench/results/e2e/run_1.json`, bench/results/a.png, `bench/results/e2e/*.json`, bench/results/x_{y}.json"
     assert report.cited_results(text) == {"e2e/run_1.json", "a.png"}
+    # a gzipped recording by its whole name; a path that ends a sentence still counts
+    text = "`bench/results/e2e/probes/spy.json.gz`, and bench/results/e2e_h200.md."
+    assert report.cited_results(text) == {"e2e/probes/spy.json.gz", "e2e_h200.md"}
 
 
 def test_a_stale_or_unknown_block_is_reported_and_rewritten(tmp_path: Path) -> None:
