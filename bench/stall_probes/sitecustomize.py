@@ -16,7 +16,14 @@ benchmark's server logs keep; ``bench/stall_probes/summary.py`` reads them back.
     triton compile: pid 1234 kernel _fwd_kernel ms 380.2 warmup 0 at 1796067068.85 sig _fwd_kernel[num_warps=4, ...](...)
 
   ``sig``: Triton's description of the variant (its options and each argument's type and
-  specialisation), where this Triton passes one.
+  specialisation), where this Triton passes one. ``spec``: the same variant from the
+  specialisation data Triton records for it, where there is one: each argument's type, tuples
+  spelt out, and each argument (``name.i`` for a tuple's i-th element) Triton took as divisible
+  by 16 (``div16``). Triton 3.6's ``sig`` prints a tuple argument as ``()``, and a kernel whose
+  pointers come in tuples (SGLang's input copy) gets one variant per set of pointers aligned to 16
+  bytes, which only ``spec`` tells apart::
+
+    ... sig _small_copy_kernel[...](sources: () spec sources=(*i64,*i32) ... div16 sources.0,destinations.0
 
 ``at`` is the event's end in ``time.time()`` seconds, the clock of ``/vlora/timeline``'s ``at``.
 Where neither variable is set the folder on ``PYTHONPATH`` changes nothing.
@@ -54,6 +61,31 @@ def _log_gc_pauses(threshold_ms: float) -> None:
     gc.callbacks.append(on_collection)
 
 
+def _type_text(ty: object) -> str:
+    """A signature entry as Triton writes it, a tuple's (JSON: a list's) as ``(*i64,*i32)``."""
+    if isinstance(ty, (list, tuple)):
+        return "(" + ",".join(_type_text(t) for t in ty) + ")"
+    return str(ty)
+
+
+def variant_of(compile_info: object) -> str:
+    """A variant's argument types and 16-byte divisibility, read from the specialisation data of
+    Triton's hook (a JSON text); "" where there is none or it cannot be read."""
+    try:
+        import json
+
+        data = json.loads(compile_info["specialization_data"])  # type: ignore[index]
+        names = list(data["signature"])
+        types = " ".join(f"{name}={_type_text(ty)}" for name, ty in data["signature"].items())
+        divisible = []
+        for path, attrs in zip(data.get("attrs_keys", []), data.get("attrs_vals", []), strict=True):
+            if any(list(a) == ["tt.divisibility", 16] for a in attrs):
+                divisible.append(".".join([names[path[0]], *map(str, path[1:])]))
+        return f"{types} div16 {','.join(divisible) or '-'}"
+    except Exception:
+        return ""
+
+
 def _log_triton_compiles() -> None:
     try:
         from triton import knobs
@@ -72,8 +104,10 @@ def _log_triton_compiles() -> None:
         fn = kwargs.get("fn")
         name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "?"
         signature = " ".join(str(kwargs.get("repr", "")).split())  # which variant: the arguments' types
+        variant = variant_of(kwargs.get("compile"))
         _log(f"triton compile: pid {os.getpid()} kernel {name} ms {ms:.1f} "
-             f"warmup {int(bool(kwargs.get('is_manual_warmup')))}", f" sig {signature}" if signature else "")
+             f"warmup {int(bool(kwargs.get('is_manual_warmup')))}",
+             (f" sig {signature}" if signature else "") + (f" spec {variant}" if variant else ""))
         return None
 
     knobs.runtime.jit_cache_hook = before

@@ -17,7 +17,8 @@ import probe_output
 
 PAUSE = re.compile(r"gc pause: pid (\d+) gen (-?\d+) ms ([\d.]+) collected (\d+) uncollectable (\d+) "
                    r"frozen (\d+) at ([\d.]+)")
-COMPILE = re.compile(r"triton compile: pid (\d+) kernel (\S+) ms (-?[\d.]+) warmup ([01]) at ([\d.]+)(?: sig ([^\n]*))?")
+COMPILE = re.compile(r"triton compile: pid (\d+) kernel (\S+) ms (-?[\d.]+) warmup ([01]) at ([\d.]+)"
+                     r"(?: sig ((?:(?! spec )[^\n])*))?(?: spec ([^\n]*))?")
 
 
 def pauses(text: str) -> list[dict[str, Any]]:
@@ -29,7 +30,7 @@ def pauses(text: str) -> list[dict[str, Any]]:
 def compiles(text: str) -> list[dict[str, Any]]:
     """Every ``triton compile:`` line of a log, in order."""
     return [{"pid": int(m[1]), "kernel": m[2], "ms": float(m[3]), "warmup": m[4] == "1", "at": float(m[5]),
-             "signature": m[6] or ""} for m in COMPILE.finditer(text)]
+             "signature": m[6] or "", "variant": m[7] or ""} for m in COMPILE.finditer(text)]
 
 
 def _totals(events: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}\n  gc pauses: {_line(s['gc_by_generation'], 'gen ')}\n"
               f"  Triton compiles: {_line(s['compiles_by_kernel'], '')}")
         for e in s["long"]:
-            print(f"  {e['ms']:.0f} ms {e['what']} pid {e['pid']} at {e['at']:.2f}")
+            variant = f" ({e['variant']})" if e.get("variant") else ""
+            print(f"  {e['ms']:.0f} ms {e['what']} pid {e['pid']} at {e['at']:.2f}{variant}")
     if args.json:
         probe_output.write(args.json, {"logs": summary}, "bench/stall_probes/summary.py", argv)
     return summary

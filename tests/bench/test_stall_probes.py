@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_DIR = REPO / "bench" / "stall_probes"
@@ -70,6 +73,45 @@ def test_logs_triton_compiles_through_its_jit_hooks(tmp_path: Path) -> None:
     found = _summary().compiles(proc.stderr)
     assert len(found) == 1 and found[0]["kernel"] == "_demo_kernel" and found[0]["warmup"] and found[0]["ms"] >= 0
     assert found[0]["signature"] == "_demo_kernel[num_warps=4](x: *i64)"
+
+
+def _two_tuples_kernel(sources, destinations, n, BLOCK: tl.constexpr):
+    pass
+
+
+def _specialization_data(sources: tuple, destinations: tuple) -> str:
+    """What Triton records for a launch of ``_two_tuples_kernel`` on an H100/H200, made by Triton's
+    own argument binder and serializer (no GPU needed to specialise the arguments)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature, serialize_specialization_data
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    kernel = JITFunction(_two_tuples_kernel)  # not @triton.jit, which the CPU suite's interpreter replaces
+    bound, specialization, _ = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        sources, destinations, 5, BLOCK=256)
+    options, signature, constants, attrs = kernel._pack_args(backend, {}, bound, specialization, {})
+    return serialize_specialization_data("_two_tuples_kernel", signature, constants, attrs, options, "k", target)
+
+
+def test_the_compile_log_tells_apart_variants_that_differ_in_pointer_alignment() -> None:
+    words = torch.zeros(64, dtype=torch.int64)
+    small = torch.zeros(8, dtype=torch.int32)
+    aligned = _specialization_data((words[:8], small), (small, words[:8]))
+    shifted = _specialization_data((words[1:9], small), (small, words[1:9]))  # 8 bytes past 16
+    variant_of = _probe_module("sitecustomize").variant_of
+    types = "sources=(*i64,*i32) destinations=(*i32,*i64) n=i32 BLOCK=constexpr"
+    assert variant_of({"specialization_data": aligned}) == f"{types} div16 sources.0,sources.1,destinations.0,destinations.1"
+    assert variant_of({"specialization_data": shifted}) == f"{types} div16 sources.1,destinations.0"
+    assert variant_of(None) == variant_of({"specialization_data": "not json"}) == ""
+
+    hooked = TRITON_WORK.replace("is_manual_warmup=True)", f"is_manual_warmup=False, compile={{'specialization_data': {shifted!r}}})")
+    proc = _python(hooked, {"TRITON_COMPILE_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr
+    found = _summary().compiles(proc.stderr)
+    assert found[0]["signature"] == "_demo_kernel[num_warps=4](x: *i64)"
+    assert found[0]["variant"] == f"{types} div16 sources.1,destinations.0"
 
 
 def test_without_the_variables_nothing_is_logged_nor_hooked() -> None:
