@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench import provenance
 from bench.e2e import cpu_pinning, gpu_clocks, host_probe, host_time, measure, plan, servers, timeline_figures
 from bench.e2e.plan import Call, Measurement, Point
@@ -33,6 +35,7 @@ from sglang_vlora.server_process import ServerProcess
 SCHEMA = "sglang-vlora/e2e/v2"
 WARMUP_REQUESTS = 8
 WARMUP_SPACING_S = 0.1  # between the warm-up's requests: most run alone
+WARMUP_STEADY_REQUESTS = 24  # the warm-up's last pass: at most this many of a point's requests at its rate
 # Seconds a measurement takes beyond its arrivals: the last requests, status calls, and for
 # SGLang's client its start (imports, tokenizer).
 OVERHEAD_S = {"sglang": 10.0, "retrieval": 8.0, "video": 8.0}
@@ -80,7 +83,7 @@ def warm_up(server: ServerProcess, points: Sequence[Point], names: Sequence[str]
             seed: int) -> dict[str, Any]:
     """Untimed bursts shaped like each point (JIT compilation, first adapter loads, the
     orchestrator's first cost measurements), then, once they are answered,
-    :func:`cached_prefix_requests` of them."""
+    :func:`cached_prefix_requests` of them, then :func:`steady_requests`."""
     t0 = time.monotonic()
     burst: list[Request] = []
     for point in points:
@@ -94,7 +97,8 @@ def warm_up(server: ServerProcess, points: Sequence[Point], names: Sequence[str]
     errors: list[str] = []
     # The second pass starts once the first is done: the first compiles, so its requests queue
     # up and run together, and the second's must come one at a time to run alone.
-    for reqs in (burst, cached_prefix_requests(burst, 0.0)) if burst else ():
+    passes = (burst, cached_prefix_requests(burst, 0.0), steady_requests(points, names, seed + 98, lora))
+    for reqs in passes if burst else ():
         out = measure.run_own(server, reqs)
         requests, completed = requests + out["metrics"]["requests"], completed + out["metrics"]["completed"]
         errors += out.get("error_samples", [])
@@ -123,6 +127,33 @@ def cached_prefix_requests(burst: Sequence[Request], start_s: float) -> list[Req
     for i, r in enumerate(timed):
         r.arrival_s = start_s + WARMUP_SPACING_S * min(i, len(again))
     return timed
+
+
+def steady_requests(points: Sequence[Point], names: Sequence[str], seed: int, lora: bool) -> list[Request]:
+    """Fresh requests of each point, a quarter of a round's (at least 1, at most
+    :data:`WARMUP_STEADY_REQUESTS`), arriving as a measured round's do (Poisson at the point's rate; our client's points keep their own arrival times),
+    the points one after another. The passes before send one shape at a time; a round also
+    prefills while other requests run, and SGLang's eager input copy compiles a Triton variant
+    for each set of its input tensors' 16-byte alignments it meets, which depends on where the
+    batch's tensors fall: the first server to meet one in a round compiled it there (123-192 ms,
+    in round 0 of three of the calls at b594e02; docs/perf.md, "At b594e02")."""
+    rng = np.random.default_rng(seed)
+    out: list[Request] = []
+    start = 0.0
+    for point in points:
+        count = max(1, min(WARMUP_STEADY_REQUESTS, point.requests // 4))
+        if point.client == "sglang":
+            reqs = measure.text_requests(point, names, count, seed, lora)
+            arrivals = np.cumsum(rng.exponential(1.0 / point.rate, size=len(reqs)))
+            for r, at in zip(reqs, arrivals, strict=True):
+                r.arrival_s = float(at)
+        else:
+            reqs = measure.own_requests(replace(point, requests=count), names, seed, lora)
+        for r in reqs:
+            r.arrival_s += start
+        out += reqs
+        start = max((r.arrival_s for r in out), default=start) + WARMUP_SPACING_S
+    return out
 
 
 @dataclass
