@@ -131,8 +131,9 @@ def cached_prefix_requests(burst: Sequence[Request], start_s: float) -> list[Req
 
 def steady_requests(points: Sequence[Point], names: Sequence[str], seed: int, lora: bool) -> list[Request]:
     """Fresh requests of each point, a quarter of a round's (at least 1, at most
-    :data:`WARMUP_STEADY_REQUESTS`), arriving as a measured round's do (Poisson at the point's rate; our client's points keep their own arrival times),
-    the points one after another. The passes before send one shape at a time; a round also
+    :data:`WARMUP_STEADY_REQUESTS`), arriving as a measured round's do (Poisson at the point's
+    rate; our client's points keep their own arrival times), the points one after another.
+    The passes before send one shape at a time; a round also
     prefills while other requests run, and SGLang's eager input copy compiles a Triton variant
     for each set of its input tensors' 16-byte alignments it meets, which depends on where the
     batch's tensors fall: the first server to meet one in a round compiled it there (123-192 ms,

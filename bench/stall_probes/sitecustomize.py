@@ -32,6 +32,7 @@ Where neither variable is set the folder on ``PYTHONPATH`` changes nothing.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import threading
@@ -72,8 +73,6 @@ def variant_of(compile_info: object) -> str:
     """A variant's argument types and 16-byte divisibility, read from the specialisation data of
     Triton's hook (a JSON text); "" where there is none or it cannot be read."""
     try:
-        import json
-
         data = json.loads(compile_info["specialization_data"])  # type: ignore[index]
         names = list(data["signature"])
         types = " ".join(f"{name}={_type_text(ty)}" for name, ty in data["signature"].items())
