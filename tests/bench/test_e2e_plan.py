@@ -378,15 +378,22 @@ def test_mean_e2e_above_a_peer_is_counted_by_round_and_by_call():
                        _measurement("unmerge_only", "sgl-mixed", 1, 950), _measurement("csgmv", "sgl-mixed", 1, 1000),
                        _measurement("unmerge_only", "sgl-mixed", 2, 990, status="failed")])
     lines = report.above_table([one, two])
-    assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | - | 1 of 2 | two (1025 against 1000 ms) |"]
+    assert lines[2:] == ["| sgl-mixed | unmerge_only | csgmv | 2 of 4 | - | 2 of 4 | 1 of 2 | two (1025 against 1000 ms) |"]
     assert report.above_table([_run("floor only", [_measurement("nolora", "sgl-mixed", 0, 800)])]) == []
     # the same second call with its CPU blocks rotating: its rounds are also counted apart
     rotation = {"cpus_per_server": 3, "servers": {}, "client": [12], "rotation": "by round"}
     turning = two | {"setup": {"cpu_pinning": rotation}}
     fixed = one | {"setup": {"cpu_pinning": {k: v for k, v in rotation.items() if k != "rotation"}}}
     assert report.above_table([fixed, turning])[2:] == [
-        "| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | 1 of 2 | two (1025 against 1000 ms) |"]
+        "| sgl-mixed | unmerge_only | csgmv | 2 of 4 | 1 of 2 | 2 of 4 | 1 of 2 | two (1025 against 1000 ms) |"]
     assert [report.rotated(r) for r in (one, fixed, turning)] == [False, False, True]
+    # the P99 is counted on its own: below on the mean, above on the P99; a round without a P99 not counted
+    tail = _run("tail", [_measurement("vlora", "sgl-mixed", 0, 900, p99=2500), _measurement("csgmv", "sgl-mixed", 0, 1000, p99=2000),
+                         _measurement("vlora", "sgl-mixed", 1, 900, p99=1500), _measurement("csgmv", "sgl-mixed", 1, 1000, p99=2000)])
+    no_p99 = _measurement("vlora", "sgl-mixed", 2, 900)
+    no_p99["metrics"]["e2e_ms"]["p99"] = None
+    tail["measurements"] += [no_p99, _measurement("csgmv", "sgl-mixed", 2, 1000, p99=100)]
+    assert report.above_table([tail])[2:] == ["| sgl-mixed | vlora | csgmv | 0 of 3 | - | 1 of 3 | 0 of 1 | - |"]
 
 
 def test_calls_of_one_parallel_start_are_told_apart_from_calls_alone_with_their_lora_costs():
