@@ -66,6 +66,39 @@ def test_logs_each_collection_over_the_threshold_and_the_summary_reads_them(tmp_
     assert (tmp_path / "s.json").exists()
 
 
+def test_the_summary_names_the_measured_round_a_pause_fell_in(tmp_path: Path, capsys) -> None:
+    proc = _python(GC_WORK, {"GC_PAUSE_LOG_MS": "0"})
+    assert proc.returncode == 0, proc.stderr
+    summary = _summary()
+    at = [p["at"] for p in summary.pauses(proc.stderr)]
+    assert at
+    # an end-to-end results file: ours measured while the pauses ran, csgmv then and later, one failed
+    measurements = [
+        {"system": "vlora", "repeat": 1, "status": "ok", "started_at_unix": min(at) - 1, "seconds": max(at) - min(at) + 2},
+        {"system": "csgmv", "repeat": 1, "status": "ok", "started_at_unix": min(at) - 1, "seconds": max(at) - min(at) + 2},
+        {"system": "vlora", "repeat": 2, "status": "ok", "started_at_unix": max(at) + 100, "seconds": 10.0},
+        {"system": "vlora", "repeat": 3, "status": "skipped", "reason": "time budget"},
+    ]
+    results = tmp_path / "e2e.json"
+    results.write_text(json.dumps({"measurements": measurements}))
+    ours, idle = tmp_path / "vlora.log", tmp_path / "nolora.log"
+    for log in (ours, idle):
+        log.write_text(proc.stderr)
+    found = summary.main([str(ours), str(idle), "--list-ms", "0", "--rounds", str(results)])
+    assert [e["measurement"] for e in found[str(ours)]["long"]] == ["vlora #1"] * len(at)
+    assert found[str(ours)]["long_in_measurements"] == len(at)
+    # a log named after no system of the call is read against every measurement
+    assert {e["measurement"] for e in found[str(idle)]["long"]} == {"vlora #1"}
+    assert "during vlora #1" in capsys.readouterr().out
+    # the same server measured only later: nothing of it in a measurement
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"measurements": measurements[2:]}))
+    moved = summary.main([str(ours), "--list-ms", "0", "--rounds", str(later)])[str(ours)]
+    assert moved["long_in_measurements"] == 0 and {e["measurement"] for e in moved["long"]} == {""}
+    # without --rounds the summary reads as before
+    assert "long_in_measurements" not in summary.main([str(ours), "--list-ms", "0"])[str(ours)]
+
+
 def test_logs_triton_compiles_through_its_jit_hooks(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     proc = _python(TRITON_WORK, {"TRITON_COMPILE_LOG": "1"})
@@ -191,6 +224,13 @@ def test_the_readers_refuse_bad_input_with_a_clear_message(tmp_path: Path, capsy
     assert "no such log file" in _refused("summary", [str(tmp_path / "absent.log")], capsys)
     assert "ending in .json" in _refused("summary", [str(log), "--json", str(tmp_path / "s.txt")], capsys)
     assert "--list-ms must be at least 0" in _refused("summary", [str(log), "--list-ms", "-1"], capsys)
+    assert "not a readable JSON results file" in _refused("summary", [str(log), "--rounds", str(log)], capsys)
+    assert "not a readable JSON results file" in _refused("summary", [str(log), "--rounds", str(tmp_path / "absent.json")],
+                                                          capsys)
+    no_rounds = tmp_path / "no_rounds.json"
+    for body in ({"measurements": [{"system": "vlora", "repeat": 0, "status": "failed"}]}, [1, 2]):
+        no_rounds.write_text(json.dumps(body))
+        assert "no measurement that ran" in _refused("summary", [str(log), "--rounds", str(no_rounds)], capsys)
     garbage = tmp_path / "spy.json.gz"
     garbage.write_bytes(b"not gzip")
     assert "not a readable speedscope JSON recording" in _refused("spy_runs", [str(garbage)], capsys)
