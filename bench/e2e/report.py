@@ -221,8 +221,8 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| call | system | point | repeat | iterations per mode | decisions | decision reasons | switches "
              "| max batch, theta | batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles "
-             "| iterations over 2x their fit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| iterations over 2x their fit | hook host ms (us a decision) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
             status = m.get("vlora_status")
@@ -238,8 +238,18 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
                          f"{_nonzero_counts(orch.get('decision_reasons'))} | "
                          f"{orch.get('switches', '-')} | {cfg.get('max_batch', '-')}, {cfg.get('theta_s', '-')} | "
                          f"{_counts(orch.get('batches_without_lora_work'))} | {_long_waits(orch.get('admission_waits'))} | "
-                         f"{_compiles(orch.get('kernel_compiles'))} | {_stalls(orch.get('slow_iterations'))} |")
+                         f"{_compiles(orch.get('kernel_compiles'))} | {_stalls(orch.get('slow_iterations'))} | "
+                         f"{_hook_time(orch)} |")
     return lines
+
+
+def _hook_time(orch: dict[str, Any]) -> str:
+    """The orchestrator's scheduler hooks' host time over the measurement, ms, and per
+    iteration it decided for, us; "-" where the server does not report it."""
+    seconds, calls = orch.get("hook_seconds_total"), orch.get("hook_calls")
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ({seconds / calls * 1e6:.0f})" if calls else f"{seconds * 1e3:.1f}"
 
 
 def _stalls(slow: dict[str, Any] | None) -> str:

@@ -134,6 +134,10 @@ class Orchestrator:
         self.decision_reasons: Counter[str] = Counter()
         self.switches: Counter[str] = Counter()  # by kind: merge, unmerge, fused
         self.switch_seconds = 0.0
+        # host time of the scheduler hooks (deciding, issuing switches, counting batches): what the
+        # orchestrator adds to each scheduler iteration on the CPU (scheduler_hooks.py measures it)
+        self.hook_calls = 0
+        self.hook_seconds = 0.0
         self._switch_errors: set[str] = set()
         self.queue: dict[str, int] = {}
         self._calibrated = False
@@ -142,7 +146,9 @@ class Orchestrator:
         self._first_request_work: list[tuple[Mode, int, int]] = []  # the first FIRST_REQUEST_SHOWN
 
     # ---------------------------------------------------------------- per iteration
-    def before_schedule(self, scheduler) -> None:
+    def before_schedule(self, scheduler) -> bool:
+        """Decide for this iteration and apply the decision; False when there was nothing to
+        decide (no request waiting or running)."""
         now = time.monotonic()
         self._collect_timings()
         waiting, running = list(scheduler.waiting_queue), _running_requests(scheduler)
@@ -159,11 +165,12 @@ class Orchestrator:
             if self.measured is not None and not self._calibrated and self.lora_manager.loras:
                 self._calibrated = True
                 self._calibrate_switches()
-            return
+            return False
         decision = self._decide(now, waiting, running) if self.is_source else None
         if self.tp_group is not None:
             decision = self._broadcast(decision)
         self._apply(decision, now)
+        return True
 
     def after_schedule(self, plan) -> None:
         """No batch this step: the last batch's interval ends here, before the idle time."""
@@ -442,6 +449,8 @@ class Orchestrator:
             "switches": sum(self.switches.values()),
             "switches_by_kind": {kind: self.switches.get(kind, 0) for kind in SWITCH_KINDS},
             "switch_seconds_total": self.switch_seconds,
+            "hook_calls": self.hook_calls,
+            "hook_seconds_total": self.hook_seconds,
             "cost_model": _cost_report(cost, self.measured, self._first_request_iterations, self._first_request_work),
         }
 

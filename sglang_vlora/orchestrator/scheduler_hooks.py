@@ -4,6 +4,8 @@ takes the process's :class:`~sglang_vlora.runtime.VLoRARuntime` first."""
 
 from __future__ import annotations
 
+import time
+
 from sglang_vlora.orchestrator.runtime import Orchestrator
 from sglang_vlora.runtime import VLoRARuntime
 
@@ -16,13 +18,22 @@ def _orchestrator(rt: VLoRARuntime, scheduler) -> Orchestrator | None:
 
 
 def get_next_batch_around(rt: VLoRARuntime, original, self, *args, **kwargs):
-    """AROUND ``Scheduler.get_next_batch_to_run``: decide and switch before SGLang picks."""
+    """AROUND ``Scheduler.get_next_batch_to_run``: decide and switch before SGLang picks.
+    The host time of both calls counts as the orchestrator's (``hook_calls``,
+    ``hook_seconds_total``) in the iterations that had requests to decide for: SGLang's idle
+    loop runs this too, and its calls cost next to nothing."""
     orch = _orchestrator(rt, self)
-    if orch is not None:
-        orch.before_schedule(self)
+    if orch is None:
+        return original(self, *args, **kwargs)
+    started = time.perf_counter()
+    busy = orch.before_schedule(self)
+    decided = time.perf_counter()
     plan = original(self, *args, **kwargs)
-    if orch is not None:
-        orch.after_schedule(plan)
+    picked = time.perf_counter()
+    orch.after_schedule(plan)
+    if busy:
+        orch.hook_calls += 1
+        orch.hook_seconds += (decided - started) + (time.perf_counter() - picked)
     return plan
 
 
@@ -38,4 +49,6 @@ def run_batch_before(rt: VLoRARuntime, self, batch, *args, **kwargs):
     """BEFORE ``Scheduler.run_batch``: count the batch's mode and time it."""
     orch = rt.orchestrator
     if orch is not None and batch is not None:
+        started = time.perf_counter()
         orch.before_run(batch)
+        orch.hook_seconds += time.perf_counter() - started

@@ -164,6 +164,22 @@ def test_status_delta_reads_fields_it_does_not_know():
     assert flat["iterations"] == {"unmerge": 2} and flat["switches"] == 0
 
 
+def test_the_orchestrators_host_time_is_a_difference_per_measurement():
+    """The scheduler hooks' host time and the iterations they decided for, over the
+    measurement only; the table shows ms and us a decision."""
+    before = {"orchestrator": {"hook_calls": 100, "hook_seconds_total": 0.05}}
+    after = {"orchestrator": {"hook_calls": 600, "hook_seconds_total": 0.2}}
+    summary = servers.orchestrator_summary(before, after)
+    assert summary["hook_calls"] == 500 and summary["hook_seconds_total"] == pytest.approx(0.15)
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
+    assert rows[-1].endswith("| 150.0 (300) |"), rows[-1]
+    idle = servers.orchestrator_summary(after, after)
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": idle}]}])
+    assert rows[-1].endswith("| 0.0 |"), rows[-1]
+
+
 def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocator_as_differences():
     waits = {"requests": 10, "total_s": 2.0, "max_s": 0.9, "over_s": {"0.25": 3, "1": 0}}
     before = {"orchestrator": {"admission_waits": {"a8": waits}}, "batches_without_lora_work": {"graph": 79},
@@ -183,7 +199,7 @@ def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocat
     rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
     assert summary["kernel_compiles"] == {"count": 2, "seconds": 1.5, "by_kernel": {"_shrink_kernel": 2}}
-    assert rows[-1].endswith("| graph 1496, eager 7 | a8 0/15, b16 2/4 | 2 (1.50 s) | - |"), rows[-1]
+    assert rows[-1].endswith("| graph 1496, eager 7 | a8 0/15, b16 2/4 | 2 (1.50 s) | - | - |"), rows[-1]
     # a server that names the variants: those compiled during the measurement are listed
     before["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20}
     after["kernel_compiles"]["by_variant"] = {"_shrink_kernel BLOCK_M=16 w4 s2": 20,
@@ -191,7 +207,7 @@ def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocat
     summary = servers.orchestrator_summary(before, after)
     rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
-    assert rows[-1].endswith("| 2 (1.50 s): _shrink_kernel BLOCK_M=64 w4 s3 x2 | - |"), rows[-1]
+    assert rows[-1].endswith("| 2 (1.50 s): _shrink_kernel BLOCK_M=64 w4 s3 x2 | - | - |"), rows[-1]
 
 
 def test_summary_lists_the_stalls_of_the_measurement_only():
@@ -206,7 +222,7 @@ def test_summary_lists_the_stalls_of_the_measurement_only():
     assert summary["slow_iterations"] == {"count": 2, "excess_s": pytest.approx(0.971), "new": new}
     rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
         {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
-    assert rows[-1].endswith("| 2 (+0.97 s), longest mixture 1391 tokens / 3 requests 950 ms against 60 |"), rows[-1]
+    assert rows[-1].endswith("| 2 (+0.97 s), longest mixture 1391 tokens / 3 requests 950 ms against 60 | - |"), rows[-1]
     # a server that does not report them: no entry, "-" in the table
     assert "slow_iterations" not in servers.orchestrator_summary({}, {"orchestrator": {"switches": 0}})
 

@@ -157,6 +157,9 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated, r
     assert all(mode in ("merge", "unmerge", "mixture") and seconds > 2 * predicted
                for _, mode, _, _, seconds, predicted in slow["last"])
     assert report["switches"] >= 3  # the start-up merge / fused / unmerge measurement
+    # the scheduler hooks' host time, over the iterations that had requests to decide for
+    assert report["hook_calls"] >= sum(report["iterations"].values()) > 0
+    assert 0 < report["hook_seconds_total"] < report["hook_calls"]  # well under a second a call
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
     # popularity: the adapters of the last POPULAR_WINDOW requests to arrive (base-model ones as "base")
