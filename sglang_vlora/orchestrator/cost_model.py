@@ -384,14 +384,18 @@ class OutputLengths:
     def __init__(self, window: int = 64) -> None:
         self._window = window
         self._done: dict[str | None, deque[int]] = {}
+        # per group, the rounded mean of its window: read for every request every iteration,
+        # changed only when a request finishes, so it is computed then
+        self._mean: dict[str | None, int] = {}
 
     def record(self, group: str | None, tokens: int) -> None:
-        self._done.setdefault(group, deque(maxlen=self._window)).append(max(0, tokens))
+        done = self._done.setdefault(group, deque(maxlen=self._window))
+        done.append(max(0, tokens))
+        self._mean[group] = round(sum(done) / len(done))
 
     def expected(self, group: str | None, cap: int | None, so_far: int) -> int:
-        done = self._done.get(group)
-        if done:
-            mean = round(sum(done) / len(done))
+        mean = self._mean.get(group)
+        if mean is not None:
             guess = mean if cap is None else min(cap, mean)
         else:
             guess = cap if cap is not None else so_far + 1

@@ -93,17 +93,22 @@ class IterationFit:
         samples = _without_cold(samples)
         first = _nnls(samples)
         residuals = [abs(s - first.seconds(t, r)) for t, r, s in samples]
-        limits = {}
-        for kind in {_kind(t, r) for t, r, _ in samples}:
-            # scaled median absolute residual within the kind: a window of mostly decode steps
-            # must not make every prefill an outlier (and keep the one that paid for a JIT
-            # compile); residuals within 0.1% of the kind's mean time are rounding, never outliers
-            own = [(res, s) for (t, r, s), res in zip(samples, residuals, strict=True) if _kind(t, r) == kind]
-            limits[kind] = max(_OUTLIER_MADS * 1.4826 * _median([res for res, _ in own]),
-                               1e-3 * sum(s for _, s in own) / len(own))
+        kinds = [_kind(t, r) for t, r, _ in samples]
+        own_residuals: dict[tuple[bool, bool], list[float]] = {}
+        own_seconds: dict[tuple[bool, bool], float] = {}
+        for kind, res, (_, _, s) in zip(kinds, residuals, samples, strict=True):
+            own_residuals.setdefault(kind, []).append(res)
+            own_seconds[kind] = own_seconds.get(kind, 0.0) + s
+        # scaled median absolute residual within the kind: a window of mostly decode steps
+        # must not make every prefill an outlier (and keep the one that paid for a JIT
+        # compile); residuals within 0.1% of the kind's mean time are rounding, never outliers
+        limits = {
+            kind: max(_OUTLIER_MADS * 1.4826 * _median(own), 1e-3 * own_seconds[kind] / len(own))
+            for kind, own in own_residuals.items()
+        }
         # A kind's limit is at least its median residual, so at least half of every kind is
         # kept: a kind of iteration (every decode step, every prefill) is never dropped whole.
-        kept = [x for x, res in zip(samples, residuals, strict=True) if res <= limits[_kind(x[0], x[1])]]
+        kept = [x for x, res, kind in zip(samples, residuals, kinds, strict=True) if res <= limits[kind]]
         if len(kept) == len(samples) or len(kept) < 3:
             return first
         return _nnls(kept)
@@ -122,11 +127,12 @@ def _without_cold(samples: Sequence[Sample]) -> list[Sample]:
     by_kind: dict[tuple[bool, bool], list[int]] = {}
     for i, (tokens, requests, _) in enumerate(samples):
         by_kind.setdefault(_kind(tokens, requests), []).append(i)
+    work = [s[:2] for s in samples]  # (tokens, requests) by index: the sort and group key
     cold: set[int] = set()
     for indices in by_kind.values():
-        indices.sort(key=lambda i: samples[i][:2], reverse=True)
+        indices.sort(key=work.__getitem__, reverse=True)
         larger: list[float] = []  # sorted seconds of the iterations at least as large
-        for _, group in itertools.groupby(indices, key=lambda i: samples[i][:2]):
+        for _, group in itertools.groupby(indices, key=work.__getitem__):
             group = list(group)
             for i in group:
                 bisect.insort(larger, samples[i][2])
@@ -145,21 +151,10 @@ def _kind(tokens: int, requests: int) -> tuple[bool, bool]:
 def _nnls(samples: Sequence[Sample]) -> IterationFit:
     # Each column scaled by its largest value, so the elimination's tolerance means the
     # same for a token count in the thousands as for the 0 / 1 prefill indicator.
-    scale = (1.0, 1.0, float(max(t for t, _, _ in samples) or 1), float(max(r for _, r, _ in samples) or 1))
-    # Normal equations in one pass over the samples (the fit runs in the scheduler's loop).
-    gram = [[0.0] * _TERMS for _ in range(_TERMS)]
-    moment = [0.0] * _TERMS
-    yy = 0.0
-    for tokens, requests, seconds in samples:
-        x = (1.0, 1.0 if tokens else 0.0, tokens / scale[2], requests / scale[3])
-        for i in range(_TERMS):
-            moment[i] += x[i] * seconds
-            for j in range(i, _TERMS):
-                gram[i][j] += x[i] * x[j]
-        yy += seconds * seconds
-    for i in range(_TERMS):
-        for j in range(i):
-            gram[i][j] = gram[j][i]
+    token_scale = float(max(t for t, _, _ in samples) or 1)
+    request_scale = float(max(r for _, r, _ in samples) or 1)
+    scale = (1.0, 1.0, token_scale, request_scale)
+    gram, moment, yy = _normal_equations(samples, token_scale, request_scale)
     best: tuple[float, list[float]] | None = None
     slope_known = len({t for t, _, _ in samples if t}) >= 2
     for subset in _SUBSETS if slope_known else [s for s in _SUBSETS if _PER_TOKEN not in s]:
@@ -178,6 +173,38 @@ def _nnls(samples: Sequence[Sample]) -> IterationFit:
     coef = best[1] if best is not None else [0.0] * _TERMS
     fixed, forward, per_token, per_request = (c / s for c, s in zip(coef, scale, strict=True))
     return IterationFit(fixed, forward, per_token, per_request, len(samples))
+
+
+def _normal_equations(
+    samples: Sequence[Sample], token_scale: float, request_scale: float
+) -> tuple[list[list[float]], list[float], float]:
+    """``X'X``, ``X'y`` and ``y'y`` for the rows ``x = (1, [tokens > 0], tokens / token_scale,
+    requests / request_scale)`` in one pass over the samples. The fit runs in the scheduler's
+    loop, so each of the ten distinct products is a local sum rather than an indexed update
+    of a 4 x 4 list (about three times faster in CPython, the same sums in the same order)."""
+    g01 = g02 = g03 = g11 = g12 = g13 = g22 = g23 = g33 = 0.0
+    m0 = m1 = m2 = m3 = yy = 0.0
+    for tokens, requests, seconds in samples:
+        p = 1.0 if tokens else 0.0
+        t = tokens / token_scale
+        r = requests / request_scale
+        m0 += seconds
+        m1 += p * seconds
+        m2 += t * seconds
+        m3 += r * seconds
+        g01 += p
+        g02 += t
+        g03 += r
+        g11 += p * p
+        g12 += p * t
+        g13 += p * r
+        g22 += t * t
+        g23 += t * r
+        g33 += r * r
+        yy += seconds * seconds
+    g00 = float(len(samples))
+    gram = [[g00, g01, g02, g03], [g01, g11, g12, g13], [g02, g12, g22, g23], [g03, g13, g23, g33]]
+    return gram, [m0, m1, m2, m3], yy
 
 
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:

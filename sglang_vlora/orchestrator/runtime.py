@@ -122,6 +122,7 @@ class Orchestrator:
         self.admit: frozenset[str] = frozenset()
         self.last_decision: Decision | None = None
         self._arrival: dict[str, float] = {}
+        self._labels: dict[str, tuple[str | None, float | None]] = {}  # in flight: application, SLO
         self._recent_arrivals: deque[str | None] = deque(maxlen=cfg.popular_window)  # adapters, oldest first
         self._admitted: set[str] = set()  # requests in flight the policy has admitted (their wait is recorded)
         self.admission_waits = AdmissionWaits()
@@ -160,6 +161,7 @@ class Orchestrator:
                     self.metrics.starving.set(0)
             self.admit = frozenset()
             self._arrival.clear()
+            self._labels.clear()
             self._admitted.clear()
             self.limits.idle()
             if self.measured is not None and not self._calibrated and self.lora_manager.loras:
@@ -249,16 +251,17 @@ class Orchestrator:
         if inputs != self._policy_inputs:
             self._policy = make_policy(self.policy_name, *inputs)
             self._policy_inputs = inputs
-        arrival = {}
+        arrival, labels = {}, {}
         for req in (*running, *waiting):
             if req.rid not in self._arrival:
                 self._recent_arrivals.append(req.lora_id)
             arrival[req.rid] = self._arrival.get(req.rid, now)
-        self._arrival = arrival
+            labels[req.rid] = self._labels.get(req.rid) or _application_and_slo(req)
+        self._arrival, self._labels = arrival, labels
         state = SchedulerState(
             now=now,
-            waiting=[self._request(req, arrival[req.rid], running=False) for req in waiting],
-            running=[self._request(req, arrival[req.rid], running=True) for req in running],
+            waiting=[self._request(req, arrival[req.rid], labels[req.rid], running=False) for req in waiting],
+            running=[self._request(req, arrival[req.rid], labels[req.rid], running=True) for req in running],
             mode=Mode(self.controller.mode),
             merged=self.controller.merged_uid,
             ranks={uid: int(lora.config.r) for uid, lora in self.lora_manager.loras.items()},
@@ -287,16 +290,19 @@ class Orchestrator:
             if rid not in still:
                 started = self._first_run.pop(rid, None)
                 if req.finished():
-                    self._outputs.record(_group(req), len(req.output_ids))
+                    application, _ = self._labels.get(rid) or _application_and_slo(req)
+                    self._outputs.record(_group(application, req.lora_id), len(req.output_ids))
                     if started is not None:
                         self.limits.finished(now - started)
         for req in running:
             self._first_run.setdefault(req.rid, now)
         self._tracked = {req.rid: req for req in running}
 
-    def _request(self, req, arrival: float, running: bool) -> Request:
+    def _request(self, req, arrival: float, labels: tuple[str | None, float | None], running: bool) -> Request:
+        """The policy's view of one of SGLang's requests; ``labels``: its application and SLO
+        (:func:`_application_and_slo`, parsed once per request, not every iteration)."""
         params = req.sampling_params
-        application, slo = _application_and_slo(req)
+        application, slo = labels
         prompt = len(req.origin_input_ids)
         output = len(req.output_ids)
         if running:
@@ -304,7 +310,7 @@ class Orchestrator:
             prefilled = min(prompt, kv) if not output else prompt
         else:
             prefilled = 0
-        expected = self._outputs.expected(_group(req), params.max_new_tokens, output)
+        expected = self._outputs.expected(_group(application, req.lora_id), params.max_new_tokens, output)
         return Request(
             rid=req.rid,
             adapter=req.lora_id,
@@ -568,10 +574,9 @@ def _application_and_slo(req) -> tuple[str | None, float | None]:
         return None, None
 
 
-def _group(req) -> str | None:
+def _group(application: str | None, adapter: str | None) -> str | None:
     """Requests expected to answer alike: same application, else same adapter."""
-    application, _ = _application_and_slo(req)
-    return f"app:{application}" if application is not None else req.lora_id
+    return f"app:{application}" if application is not None else adapter
 
 
 def _running_requests(scheduler) -> list:

@@ -415,3 +415,20 @@ def test_a_fit_judges_only_work_it_has_seen():
     costs.snapshot()
     costs.record_iteration(Mode.MIXTURE, 1500, 0, 0.400, at=3.0)
     assert [(s.at, s.prefill_tokens) for s in costs.slow] == [(2.0, 0), (3.0, 1500)]
+
+
+def test_the_fits_normal_equations_match_the_design_matrix():
+    """The one-pass sums the fit solves from are ``X'X``, ``X'y`` and ``y'y`` of the rows
+    ``(1, [tokens > 0], tokens / token scale, requests / request scale)``, checked against
+    numpy's products of the matrix built row by row (decode steps, prefills, mixed batches)."""
+    import numpy as np
+
+    from sglang_vlora.orchestrator.iteration_fit import _normal_equations
+
+    samples = [(0, 8, 0.008), (1024, 0, 0.061), (0, 3, 0.0072), (700, 5, 0.07), (1, 0, 0.05), (2048, 2, 0.12)]
+    x = np.array([[1.0, 1.0 if t else 0.0, t / 2048, r / 8] for t, r, _ in samples])
+    y = np.array([s for _, _, s in samples])
+    gram, moment, yy = _normal_equations(samples, 2048.0, 8.0)
+    np.testing.assert_allclose(gram, x.T @ x, rtol=1e-12)
+    np.testing.assert_allclose(moment, x.T @ y, rtol=1e-12)
+    assert yy == pytest.approx(float(y @ y), rel=1e-12)
