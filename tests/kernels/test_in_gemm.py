@@ -185,3 +185,40 @@ def test_kept_eager_expand_needs_copy_items_up_to_the_batch(monkeypatch) -> None
         with pytest.raises(ValueError, match=f"copy items reach position {tokens}"):
             kept(x[:-1])
     assert len(plans) == 1  # 9 and 13 tokens: one bound (16), the kept call's plan among them
+
+
+@pytest.mark.parametrize("merged", [None, 1])
+def test_the_expand_gives_the_same_bits_with_the_base_loaded_first(merged, monkeypatch) -> None:
+    """``BASE_FIRST`` only moves the base tile's load before the LoRA's loads and MMA: the in-GEMM
+    expand (base read from the GEMM's columns) and the separate expand (base = the output,
+    updated in place) give the same output to the bit, unmerged and with mixture's pairs."""
+    from sglang_vlora.atmm import triton_kernels
+
+    use_triton_interpreter(monkeypatch)
+    gen = torch.Generator().manual_seed(47 + (merged or 0))
+    w, bias, a, b, w_ext, bias_ext = extended(gen)
+    starts, lens, slots = SEGMENTS
+    n = starts[-1] + lens[-1]
+    static = allocate(n, paired=True)
+    lists = mode_item_lists(starts, lens, slots, RANKS, SCALINGS, merged)
+    static.fill(build_work_items(*lists[:4], RANKS, partners=lists[4]), n)
+    x = torch.randn(n, D_IN, generator=gen)
+    base = x @ w.T
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        in_gemm = ops.lora_apply_static_in_gemm(x, w_ext, bias_ext, OFFSETS[-1], b, static, OFFSETS)
+        separate = ops.lora_apply_static(x, a, b, static, OFFSETS, base.clone())
+        return in_gemm, separate
+
+    after = both()
+    calls = triton_kernels._expand_calls
+
+    def base_first(*args, **kwargs):
+        return [(grid, call_args, {**constexprs, "BASE_FIRST": True})
+                for grid, call_args, constexprs in calls(*args, **kwargs)]
+
+    monkeypatch.setattr(triton_kernels, "_expand_calls", base_first)
+    first = both()
+    for got, want in zip(first, after, strict=True):
+        assert torch.equal(got, want)
+    assert rel_err(first[0], reference(x, w, bias, a, b, lists)) < 1e-5
