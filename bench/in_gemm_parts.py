@@ -15,11 +15,7 @@ the L2), this times apart:
 * ``in_gemm``: the whole op;
 * ``copy``: a plain Triton copy of the base columns into a new output, tiles of 64x128: the
   same bytes the expand moves (it reads the base, writes the output), so ``expand / copy`` is
-  how far the expand is from this GPU's memory floor for its traffic;
-* ``expand_base_first`` / ``in_gemm_base_first``: the expand and the whole op with the
-  expand's ``BASE_FIRST`` (the base tile loaded before the LoRA's loads and MMA, the same
-  values), which the package does not pick yet: whether the base load's latency then hides
-  under the LoRA's.
+  how far the expand is from this GPU's memory floor for its traffic.
 
 Writes ``<out>/<tag>.json`` (rows of microseconds, ``parts`` in % of ``merged``) and a bar
 plot ``<out>/<tag>.png``.
@@ -28,7 +24,6 @@ plot ``<out>/<tag>.png``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import platform
@@ -45,7 +40,7 @@ from bench import provenance  # noqa: E402
 from bench.kernels import Cell  # noqa: E402
 from bench.mode_cost import parse_positive  # noqa: E402
 from bench.plotting import pyplot, save_figure  # noqa: E402
-from sglang_vlora.atmm import in_gemm, ops, triton_kernels  # noqa: E402
+from sglang_vlora.atmm import in_gemm, ops  # noqa: E402
 from sglang_vlora.atmm.tune import graph_replay_us  # noqa: E402
 
 # (shape, mode, requests, tokens per request, adapters): decode and prefill cells of bench/kernels.py
@@ -73,22 +68,6 @@ def _copy_kernel(src_ptr, dst_ptr, stride_src, stride_dst, rows, cols, BLOCK_M: 
     tl.store(dst_ptr + offs_m[:, None] * stride_dst + offs_n[None, :], tile, mask=mask)
 
 
-@contextlib.contextmanager
-def base_first():
-    """Expand launches made inside run with ``BASE_FIRST`` (a CUDA graph captured inside keeps it)."""
-    calls = triton_kernels._expand_calls
-
-    def with_base_first(*args, **kwargs):
-        return [(grid, call_args, {**constexprs, "BASE_FIRST": True})
-                for grid, call_args, constexprs in calls(*args, **kwargs)]
-
-    triton_kernels._expand_calls = with_base_first
-    try:
-        yield
-    finally:
-        triton_kernels._expand_calls = calls
-
-
 def copy_columns(src: torch.Tensor, dst: torch.Tensor) -> None:
     """``dst.copy_(src)`` for a row-strided ``src`` view and contiguous ``dst`` (unit column stride)."""
     rows, cols = dst.shape
@@ -107,8 +86,6 @@ def parts(us: dict[str, float]) -> dict[str, float]:
         "in_gemm_pct": round(100 * (us["in_gemm"] - merged) / merged, 1),
         "copy_floor_pct": round(100 * us["copy"] / merged, 1),
         "expand_over_copy": round(us["expand"] / us["copy"], 2),
-        "expand_base_first_pct": round(100 * us["expand_base_first"] / merged, 1),
-        "in_gemm_base_first_pct": round(100 * (us["in_gemm_base_first"] - merged) / merged, 1),
     }
 
 
@@ -124,22 +101,12 @@ def measure(cell: Cell, iters: int) -> dict[str, float]:
         inter, layout = in_gemm.split_output(t["y"], width, t["b"].shape[0])
         ops.lora_expand_static(inter, t["b"], cell.covering, cell.offsets, t["new"], gemm_layout=layout)
 
-    def expand_base_first(t: dict) -> None:
-        with base_first():
-            expand(t)
-
-    def in_gemm_base_first(t: dict) -> None:
-        with base_first():
-            cell.run("atmm_in_gemm", t)
-
     calls = {
         "merged": lambda t: cell.run("merged", t),
         "gemm_ext": lambda t: torch.mm(t["x"][: cell.tokens], t["w_ext"].t(), out=t["y"]),
         "expand": expand,
         "in_gemm": lambda t: cell.run("atmm_in_gemm", t),
         "copy": lambda t: copy_columns(t["y"][:, :width], t["new"]),
-        "expand_base_first": expand_base_first,
-        "in_gemm_base_first": in_gemm_base_first,
     }
     us = {}
     for name, call in calls.items():
@@ -207,15 +174,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(rows, device, args.out / f"{args.tag}.png")
-    print("| cell | merged us | appended columns % | expand % | rest % | whole op % | copy floor % | expand / copy "
-          "| expand, base first % | whole op, base first % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | merged us | appended columns % | expand % | rest % | whole op % | copy floor % | expand / copy |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["parts"]
         print(f"| {r['shape']} {r['mode']} {r['tokens']}x{r['adapters']} r{r['rank']} | {r['us']['merged']} | "
               f"{p['appended_columns_pct']} | {p['expand_pct']} | {p['rest_pct']} | {p['in_gemm_pct']} | "
-              f"{p['copy_floor_pct']} | {p['expand_over_copy']} | {p['expand_base_first_pct']} | "
-              f"{p['in_gemm_base_first_pct']} |")
+              f"{p['copy_floor_pct']} | {p['expand_over_copy']} |")
 
 
 if __name__ == "__main__":

@@ -237,7 +237,6 @@ def _expand_kernel(
     BLOCK_K: tl.constexpr,
     K_GROUP: tl.constexpr,
     USE_PDL: tl.constexpr,
-    BASE_FIRST: tl.constexpr,
 ):
     """``out[tokens] = base[tokens] + scale * inter @ B.T`` per item, slice and column tile.
 
@@ -249,9 +248,7 @@ def _expand_kernel(
     or past ``m_tokens`` (position padding past the graph's rows) are skipped. K_GROUP: how
     the partial K tile of a rank is loaded (:func:`_expand_tail`). USE_PDL: launched with
     programmatic dependent launch (:func:`expand_pdl`), so the programs may start before the
-    previous kernel has finished; they wait for it before anything else. BASE_FIRST: the base
-    tile is loaded before the LoRA's loads and MMA instead of after them (the same values; whether
-    its memory latency then overlaps theirs is measured by ``bench/in_gemm_parts.py``)."""
+    previous kernel has finished; they wait for it before anything else."""
     if USE_PDL:
         gdc_wait()
     pid = tl.program_id(0)
@@ -290,11 +287,6 @@ def _expand_kernel(
         offs_n = tl.multiple_of(offs_n, 16)
         width = tl.multiple_of(width, 16)
     n_mask = cols < width
-    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
-    base_ptrs = base_ptr + tokens[:, None] * stride_basem + offs_n[None, :] * stride_on
-    mask = m_mask[:, None] & n_mask[None, :]
-    if BASE_FIRST:
-        base = tl.load(base_ptrs, mask=mask, other=0.0).to(tl.float32)
     acc = _expand_item(inter_ptr, b_ptr, slots_ptr, ranks_ptr, item, rows, s, offs_n, m_mask, n_mask, stride_im,
                        stride_ik, stride_islot, stride_bs, stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, K_GROUP)
     acc = acc * tl.load(scales_ptr + item)
@@ -313,8 +305,10 @@ def _expand_kernel(
                                  BLOCK_N, BLOCK_K, K_GROUP)
             acc += p_acc * tl.load(scales_ptr + partner)
 
-    if not BASE_FIRST:
-        base = tl.load(base_ptrs, mask=mask, other=0.0).to(tl.float32)
+    out_ptrs = out_ptr + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    base_ptrs = base_ptr + tokens[:, None] * stride_basem + offs_n[None, :] * stride_on
+    mask = m_mask[:, None] & n_mask[None, :]
+    base = tl.load(base_ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptrs, (base + acc).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -629,7 +623,6 @@ def _expand_calls(
         "BLOCK_K": config.block_k,
         "K_GROUP": _k_group(inter, b_buffer, num_slices, config.block_k, in_gemm),
         "USE_PDL": in_gemm is not None and expand_pdl(output.device, row_bound, num_slices),
-        "BASE_FIRST": False,
     }
     calls = []
     for layer in range(num_layers):
