@@ -221,7 +221,7 @@ def points_table(agg: dict[str, dict[str, dict[str, Any]]], runs: Sequence[dict[
 def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| call | system | point | repeat | iterations per mode | decisions | decision reasons | switches "
              "| max batch, theta | batches without LoRA work | admitted after waiting > 0.25 s | kernel compiles "
-             "| iterations over 2x their fit | hook host ms (us a decision) |",
+             "| iterations over 2x their fit | hook host ms (us a decision: its parts) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for m in run["measurements"]:
@@ -245,11 +245,16 @@ def orchestrator_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 def _hook_time(orch: dict[str, Any]) -> str:
     """The orchestrator's scheduler hooks' host time over the measurement, ms, and per
-    iteration it decided for, us; "-" where the server does not report it."""
+    iteration it decided for, us, with its parts per iteration where the server reports them
+    (``hook_seconds_by_part``); "-" where it does not report the time."""
     seconds, calls = orch.get("hook_seconds_total"), orch.get("hook_calls")
     if seconds is None:
         return "-"
-    return f"{seconds * 1e3:.1f} ({seconds / calls * 1e6:.0f})" if calls else f"{seconds * 1e3:.1f}"
+    if not calls:
+        return f"{seconds * 1e3:.1f}"
+    parts = orch.get("hook_seconds_by_part") or {}
+    split = ", ".join(f"{name} {part / calls * 1e6:.0f}" for name, part in parts.items())
+    return f"{seconds * 1e3:.1f} ({seconds / calls * 1e6:.0f}{': ' + split if split else ''})"
 
 
 def _stalls(slow: dict[str, Any] | None) -> str:

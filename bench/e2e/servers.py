@@ -230,7 +230,7 @@ def orchestrator_summary(before: dict[str, Any] | None, after: dict[str, Any] | 
     delta = status_delta(before or {}, after)
     orch = delta.get("orchestrator") if isinstance(delta.get("orchestrator"), dict) else delta
     counters = ("iterations", "decisions", "decision_reasons", "switches", "switch_seconds_total",
-                "hook_calls", "hook_seconds_total")
+                "hook_calls", "hook_seconds_total", "hook_seconds_by_part")
     summary = {k: orch[k] for k in counters if k in orch}
     if isinstance(orch.get("admission_waits"), dict):
         # per adapter: the counters' differences (a longest wait is not a counter: left out)

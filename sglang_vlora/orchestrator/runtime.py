@@ -56,6 +56,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BASE_LABEL = "base"  # queue label of requests without an adapter
+# The parts of the hooks' host time (``hook_seconds_by_part``): reading the timing marks done and
+# feeding the cost model, SGLang's requests and those that finished, the decision (the policy's view
+# of each request, the cost snapshot, the policy), applying it (switches issued), and a batch's start
+# (its mode counted, its clock started).
+HOOK_PARTS = ("timings", "requests", "decide", "apply", "batch")
 FIRST_REQUEST_SHOWN = 16  # unrecorded iterations of the first request listed in the status
 
 
@@ -139,6 +144,7 @@ class Orchestrator:
         # orchestrator adds to each scheduler iteration on the CPU (scheduler_hooks.py measures it)
         self.hook_calls = 0
         self.hook_seconds = 0.0
+        self.hook_seconds_by_part = dict.fromkeys(HOOK_PARTS, 0.0)  # the parts, same iterations
         self._switch_errors: set[str] = set()
         self.queue: dict[str, int] = {}
         self._calibrated = False
@@ -151,7 +157,9 @@ class Orchestrator:
         """Decide for this iteration and apply the decision; False when there was nothing to
         decide (no request waiting or running)."""
         now = time.monotonic()
+        started = time.perf_counter()
         self._collect_timings()
+        collected = time.perf_counter()
         waiting, running = list(scheduler.waiting_queue), _running_requests(scheduler)
         self._learn_from_finished(running, now)
         if not waiting and not running:
@@ -168,10 +176,17 @@ class Orchestrator:
                 self._calibrated = True
                 self._calibrate_switches()
             return False
+        read = time.perf_counter()
         decision = self._decide(now, waiting, running) if self.is_source else None
         if self.tp_group is not None:
             decision = self._broadcast(decision)
+        decided = time.perf_counter()
         self._apply(decision, now)
+        parts = self.hook_seconds_by_part
+        parts["timings"] += collected - started
+        parts["requests"] += read - collected
+        parts["decide"] += decided - read
+        parts["apply"] += time.perf_counter() - decided
         return True
 
     def after_schedule(self, plan) -> None:
@@ -457,6 +472,7 @@ class Orchestrator:
             "switch_seconds_total": self.switch_seconds,
             "hook_calls": self.hook_calls,
             "hook_seconds_total": self.hook_seconds,
+            "hook_seconds_by_part": dict(self.hook_seconds_by_part),
             "cost_model": _cost_report(cost, self.measured, self._first_request_iterations, self._first_request_work),
         }
 

@@ -20,8 +20,9 @@ def _orchestrator(rt: VLoRARuntime, scheduler) -> Orchestrator | None:
 def get_next_batch_around(rt: VLoRARuntime, original, self, *args, **kwargs):
     """AROUND ``Scheduler.get_next_batch_to_run``: decide and switch before SGLang picks.
     The host time of both calls counts as the orchestrator's (``hook_calls``,
-    ``hook_seconds_total``) in the iterations that had requests to decide for: SGLang's idle
-    loop runs this too, and its calls cost next to nothing."""
+    ``hook_seconds_total``, its parts in ``hook_seconds_by_part``; what the parts leave is this
+    wrapper's and ``after_schedule``'s) in the iterations that had requests to decide for:
+    SGLang's idle loop runs this too, and its calls cost next to nothing."""
     orch = _orchestrator(rt, self)
     if orch is None:
         return original(self, *args, **kwargs)
@@ -51,4 +52,6 @@ def run_batch_before(rt: VLoRARuntime, self, batch, *args, **kwargs):
     if orch is not None and batch is not None:
         started = time.perf_counter()
         orch.before_run(batch)
-        orch.hook_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        orch.hook_seconds += seconds
+        orch.hook_seconds_by_part["batch"] += seconds

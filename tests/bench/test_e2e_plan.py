@@ -180,6 +180,22 @@ def test_the_orchestrators_host_time_is_a_difference_per_measurement():
     assert rows[-1].endswith("| 0.0 |"), rows[-1]
 
 
+def test_the_hooks_parts_are_differences_per_measurement_and_shown_a_decision():
+    """``hook_seconds_by_part`` comes through as each part's difference over the measurement;
+    the table gives each in us a decision after the total."""
+    parts = ("timings", "requests", "decide", "apply", "batch")
+    before = {"orchestrator": {"hook_calls": 100, "hook_seconds_total": 0.05,
+                               "hook_seconds_by_part": dict.fromkeys(parts, 0.01)}}
+    after = {"orchestrator": {"hook_calls": 600, "hook_seconds_total": 0.2, "hook_seconds_by_part": {
+        "timings": 0.02, "requests": 0.015, "decide": 0.07, "apply": 0.0125, "batch": 0.035}}}
+    summary = servers.orchestrator_summary(before, after)
+    assert summary["hook_seconds_by_part"] == pytest.approx(
+        {"timings": 0.01, "requests": 0.005, "decide": 0.06, "apply": 0.0025, "batch": 0.025})
+    rows = report.orchestrator_table([{"call": {"name": "c"}, "measurements": [
+        {"status": "ok", "system": "vlora", "point": "p", "repeat": 0, "orchestrator": summary}]}])
+    assert rows[-1].endswith("| 150.0 (300: timings 20, requests 10, decide 120, apply 5, batch 50) |"), rows[-1]
+
+
 def test_summary_takes_admission_waits_batches_without_work_compiles_and_allocator_as_differences():
     waits = {"requests": 10, "total_s": 2.0, "max_s": 0.9, "over_s": {"0.25": 3, "1": 0}}
     before = {"orchestrator": {"admission_waits": {"a8": waits}}, "batches_without_lora_work": {"graph": 79},

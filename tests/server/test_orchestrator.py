@@ -160,6 +160,10 @@ def test_status_reports_the_policy_its_limits_and_measured_costs(orchestrated, r
     # the scheduler hooks' host time, over the iterations that had requests to decide for
     assert report["hook_calls"] >= sum(report["iterations"].values()) > 0
     assert 0 < report["hook_seconds_total"] < report["hook_calls"]  # well under a second a call
+    parts = report["hook_seconds_by_part"]
+    assert set(parts) == {"timings", "requests", "decide", "apply", "batch"}
+    assert all(v >= 0 for v in parts.values()) and parts["decide"] > 0
+    assert sum(parts.values()) <= report["hook_seconds_total"]  # the parts of the same iterations
     assert sum(report["switches_by_kind"].values()) == report["switches"]
     assert report["switches_by_kind"]["merge"] >= 1 and report["switches_by_kind"]["unmerge"] >= 1
     # popularity: the adapters of the last POPULAR_WINDOW requests to arrive (base-model ones as "base")
