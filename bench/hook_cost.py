@@ -67,7 +67,7 @@ def in_flight(timeline: dict[str, Any]) -> dict[str, float]:
     """Median and largest decode batch of a timeline (its requests in flight while decoding)."""
     index = timeline["columns"].index("decode_requests")
     sizes = [row[index] for row in timeline["iterations"] if row[index]]
-    return {"median": statistics.median(sizes), "max": max(sizes)} if sizes else {"median": 0, "max": 0}
+    return {"median": float(statistics.median(sizes)), "max": max(sizes)} if sizes else {"median": 0.0, "max": 0}
 
 
 def state(requests: int) -> SchedulerState:
