@@ -103,14 +103,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     save_figure(plt, fig, path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pairs", nargs="+", type=Path, help="RESULTS.json LOGS.tar.gz, one pair a call")
     ap.add_argument("--requests", nargs="+", type=parse_positive, default=[1, 3, 8, 32])
     ap.add_argument("--repeats", type=parse_positive, default=2000)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--tag", default="hook_cost_cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if len(args.pairs) % 2:
         ap.error("give RESULTS.json LOGS.tar.gz pairs")
     rows, last_costs = [], None
@@ -134,7 +134,7 @@ def main() -> None:
     doc = {
         "what": __doc__.split("\n\n")[0],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "bench/hook_cost.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "bench/hook_cost.py", *(sys.argv[1:] if argv is None else argv)]),
         "provenance": provenance.record(),
         "rows": rows,
         "decision_us_by_requests": decisions,
@@ -150,6 +150,7 @@ def main() -> None:
               f"{r['decode_batch']['median']} ({r['decode_batch']['max']}) | {r['cost_model_us']} | "
               f"{r['snapshots_rebuilt']} of {r['iterations']} |")
     print("\nthe vlora policy's decision here, us:", ", ".join(f"{n} requests {us}" for n, us in decisions.items()))
+    return doc
 
 
 if __name__ == "__main__":
