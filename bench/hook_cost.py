@@ -29,6 +29,7 @@ import datetime
 import json
 import statistics
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("give RESULTS.json LOGS.tar.gz pairs")
     rows, last_costs = [], None
     for results_path, logs_path in zip(args.pairs[::2], args.pairs[1::2], strict=True):
-        results = json.loads(results_path.read_text())
-        for measurement, timeline in timelines(results, logs_path):
-            orch = measurement.get("orchestrator") or {}
-            if not orch.get("hook_calls"):
-                continue
-            seconds, iterations, rebuilt, last_costs = replay(timeline)
+        try:
+            results = json.loads(results_path.read_text())
+            measured = [(m, t) for m, t in timelines(results, logs_path)
+                        if (m.get("orchestrator") or {}).get("hook_calls")]
+            replays = [replay(t) for _, t in measured]
+        except (OSError, json.JSONDecodeError, tarfile.TarError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"bench/hook_cost.py: {results_path} with {logs_path}: {e!r}") from e
+        if replays:
+            last_costs = replays[-1][3]
+        for (measurement, timeline), (seconds, iterations, rebuilt, _) in zip(measured, replays, strict=True):
+            orch = measurement["orchestrator"]
             rows.append({
                 "call": results_path.stem, "system": measurement["system"], "repeat": measurement["repeat"],
                 "decisions": orch["hook_calls"],

@@ -56,3 +56,16 @@ def test_calls_without_hook_times_or_odd_arguments_are_refused(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         hook_cost.main([str(results_path)])
     assert exit_info.value.code == 2 and "RESULTS.json LOGS.tar.gz pairs" in capsys.readouterr().err
+
+
+def test_unreadable_or_malformed_inputs_are_named_in_the_error(tmp_path):
+    results_path, logs_path = write_call(tmp_path, _results(), {"timelines/a.json": "{not json"})
+    with pytest.raises(SystemExit, match="r.json with .*r_logs.tar.gz"):
+        hook_cost.main([str(results_path), str(logs_path), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="missing.json"):
+        hook_cost.main([str(tmp_path / "missing.json"), str(logs_path), "--out", str(tmp_path)])
+    no_columns = json.dumps({"iterations": [[1.0, "merge", 0, 1, 0.008]]})  # a timeline without its columns
+    results_path, logs_path = write_call(tmp_path, _results(), {"timelines/a.json": no_columns,
+                                                                "timelines/b.json": _timeline(STEPS[:3])})
+    with pytest.raises(SystemExit, match="columns"):
+        hook_cost.main([str(results_path), str(logs_path), "--out", str(tmp_path)])
