@@ -23,6 +23,13 @@ floor gets the same requests without an adapter. Per scenario and system: the st
 median / min / max over the rounds, and per LoRA system the median of its per-round excess
 over the floor's prefill.
 
+``--mixture-systems`` names plugin systems (with a policy that keeps a popular adapter merged,
+e.g. ``vlora_keep_popular``) whose measured requests run in mixture: before each, ``PRIME``
+one-token text requests on the top adapter keep it merged and popular, and the measured request
+names the second adapter. Every plugin system's request records the modes its iterations ran in
+(``ran_in``: the change of ``/vlora/status``'s iteration counts across it), so a table row says
+what it measured.
+
 ``--profile`` also records one ``image448`` request per server under SGLang's torch profiler
 and summarises it with ``bench/profile_server.py``'s summary (GPU busy time, kernels by
 category, the host's top operations): whether the prefill waits on the GPU or on the host,
@@ -79,8 +86,53 @@ def round_payloads(scale: str, r: int, seed: int, text_length: int) -> dict[str,
             "text448": text_payload(None, text_length, rng)}
 
 
+PRIME = 3  # top-adapter requests before each measured request of a mixture system
+
+
 def for_system(payload: dict[str, Any], system: plan.System, adapter: str) -> dict[str, Any]:
     return dict(payload, lora_path=adapter if system.lora else None)
+
+
+def iterations_by_mode(client: httpx.Client, url: str) -> dict[str, int]:
+    """The plugin server's iteration counts by mode (``/vlora/status``)."""
+    resp = client.get(url + "/vlora/status")
+    resp.raise_for_status()
+    return dict(resp.json()["orchestrator"]["iterations"])
+
+
+class Measured:
+    """How one server is asked: plain systems get the payload as it is (their adapter on it);
+    mixture systems get ``PRIME`` top-adapter requests first and the measured one on ``other``;
+    plugin systems' results carry ``ran_in``, the modes of the iterations the request ran in."""
+
+    def __init__(self, system: plan.System, url: str, top: str, other: str, mixture: bool) -> None:
+        self.system, self.url, self.top, self.mixture = system, url, top, mixture
+        self.adapter = other if mixture else top
+
+    def prime(self, client: httpx.Client) -> None:
+        if self.mixture:
+            for i in range(PRIME):
+                post(client, self.url, {"input_ids": [TEXT_IDS[0] + i] * 8, "lora_path": self.top,
+                                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+
+    def post(self, client: httpx.Client, payload: dict[str, Any]) -> dict[str, Any]:
+        self.prime(client)
+        before = iterations_by_mode(client, self.url) if self.system.plugin else None
+        result = post(client, self.url, for_system(payload, self.system, self.adapter))
+        if before is not None:
+            after = iterations_by_mode(client, self.url)
+            result["ran_in"] = {mode: after[mode] - before.get(mode, 0) for mode in after
+                                if after[mode] != before.get(mode, 0)}
+        return result
+
+
+def modes_run(requests: list[dict[str, Any]]) -> dict[str, int]:
+    """Iterations by mode over ``requests`` (plugin systems)."""
+    total: dict[str, int] = {}
+    for r in requests:
+        for mode, n in r.get("ran_in", {}).items():
+            total[mode] = total.get(mode, 0) + n
+    return total
 
 
 def excess_over_floor(raw: dict[str, dict[str, list[dict[str, Any]]]], floor: str) -> dict[str, dict[str, Any]]:
@@ -100,24 +152,30 @@ def excess_over_floor(raw: dict[str, dict[str, list[dict[str, Any]]]], floor: st
     return out
 
 
-def profile_image(url: str, payload: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
-    """One ``image448`` request under SGLang's torch profiler, summarised."""
+def profile_image(server: Measured, payload: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
+    """One ``image448`` request under SGLang's torch profiler, summarised (a mixture system's
+    priming requests run before the profiler starts)."""
     from bench.profile_server import load_events, profiled, summarise
 
+    url = server.url
     with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
-        trace, result = profiled(url, trace_dir, "image448", lambda: post(client, url, payload))
+        server.prime(client)
+        trace, result = profiled(url, trace_dir, "image448",
+                                 lambda: post(client, url, for_system(payload, server.system, server.adapter)))
     return {**summarise(load_events(trace), decode=False), "request": result, "trace": trace.name}
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(f"{'scenario':10} {'server':14} " + " ".join(f"{s:>11}" for s in STAGES) + "  prefill-floor (median ms)")
+    print(f"{'scenario':10} {'server':18} " + " ".join(f"{s:>11}" for s in STAGES)
+          + "  prefill-floor (median ms)  iterations by mode")
     for scenario, by_system in results["scenarios"].items():
         for name, data in by_system.items():
             st = data["stages_ms"] or {}
             excess = results["prefill_over_floor_ms"].get(scenario, {}).get(name, {}).get("median")
-            print(f"{scenario:10} {name:14} " + " ".join(f"{st.get(s, {}).get('median', float('nan')):11.1f}"
+            print(f"{scenario:10} {name:18} " + " ".join(f"{st.get(s, {}).get('median', float('nan')):11.1f}"
                                                         for s in STAGES)
-                  + (f"  {excess:+.1f}" if excess is not None else ""))
+                  + (f"  {excess:+.1f}" if excess is not None else "  -")
+                  + (f"  {data['iterations_by_mode']}" if data["iterations_by_mode"] else ""))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -126,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--rounds", type=int, default=20, help="requests of each scenario per server")
     ap.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=list(plan.SYSTEMS))
+    ap.add_argument("--mixture-systems", nargs="+", default=[], choices=list(plan.SYSTEMS),
+                    help="plugin systems among --systems whose measured requests run in mixture (see above)")
     ap.add_argument("--profile", action="store_true", help="also profile one image448 request per server")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -133,6 +193,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--rounds must be >= 1")
     if len(set(args.systems)) != len(args.systems):
         ap.error("--systems names a system twice")
+    for name in args.mixture_systems:
+        if name not in args.systems or not plan.SYSTEMS[name].plugin:
+            ap.error(f"--mixture-systems: {name} must be a plugin system among --systems")
     gpu = provenance.gpu_info()
     no_cuda = [n for n in args.systems if plan.SYSTEMS[n].needs_cuda and gpu is None]
     if no_cuda:
@@ -140,13 +203,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     setup = plan.setup_of(args.scale)
     model, adapters, info = servers.prepare_assets(setup, REPO / ".cache" / "bench")
-    adapter = next(iter(adapters))
+    if args.mixture_systems and len(adapters) < 2:
+        raise RuntimeError("--mixture-systems needs two adapters")
+    adapter, other = list(adapters)[:2]
     systems = [plan.SYSTEMS[n] for n in args.systems]
     extra = [METRICS_FLAG, *(plan.VISION_FLAGS if args.scale == "gpu" else ())]
     log_dir = args.out / "logs"
     log_dir.mkdir(exist_ok=True)
     live = servers.start_all(systems, setup, model, adapters, log_dir, extra)
     results: dict[str, Any] = {"assets": info, "rounds": args.rounds, "adapter": adapter,
+                               "mixture_systems": {n: {"merged": adapter, "requests_on": other, "primed_by": PRIME}
+                                                   for n in args.mixture_systems},
                                "servers": {n: {"command": shlex.join(servers.command(plan.SYSTEMS[n], setup, model,
                                                                                      adapters, extra))}
                                            for n in args.systems}}
@@ -155,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         failed = servers.wait_all(live, setup.start_timeout_s)
         if failed:
             raise RuntimeError(f"servers failed to start: {failed}")
+        asked = {s.name: Measured(s, live[s.name].url, adapter, other, s.name in args.mixture_systems)
+                 for s in systems}
         with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
             # warm-up: every server answers each kind once (first-use costs, the merge of the adapter)
             warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length=1)
@@ -163,29 +232,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length)
             for system in systems:
                 for scenario in SCENARIOS:
-                    post(client, live[system.name].url, for_system(warm[scenario], system, adapter))
+                    asked[system.name].post(client, warm[scenario])
             for r in range(args.rounds):
                 payloads = round_payloads(args.scale, r, args.seed, text_length)
                 order = systems[r % len(systems):] + systems[: r % len(systems)]
                 kinds = SCENARIOS[r % len(SCENARIOS):] + SCENARIOS[: r % len(SCENARIOS)]
                 for system in order:
                     for scenario in kinds:
-                        raw[scenario][system.name].append(
-                            post(client, live[system.name].url, for_system(payloads[scenario], system, adapter)))
+                        raw[scenario][system.name].append(asked[system.name].post(client, payloads[scenario]))
         if args.profile:
             payloads = round_payloads(args.scale, args.rounds, args.seed, text_length)
             for system in systems:
                 try:
                     results["servers"][system.name]["profile_image448"] = profile_image(
-                        live[system.name].url, for_system(payloads["image448"], system, adapter),
-                        args.out / "traces" / system.name)
+                        asked[system.name], payloads["image448"], args.out / "traces" / system.name)
                 except (RuntimeError, httpx.HTTPError) as e:  # the timed rounds stand without it
                     results["servers"][system.name]["profile_image448"] = {"failed": f"{type(e).__name__}: {e}"}
     finally:
         servers.stop_all(live)
     results["text_prompt_tokens"] = text_length
     results["scenarios"] = {
-        scenario: {name: {"stages_ms": summary([x["stages"] for x in rs if x["stages"]]) or None, "requests": rs}
+        scenario: {name: {"stages_ms": summary([x["stages"] for x in rs if x["stages"]]) or None,
+                          "iterations_by_mode": modes_run(rs), "requests": rs}
                    for name, rs in by_system.items()}
         for scenario, by_system in raw.items()}
     results["prefill_over_floor_ms"] = excess_over_floor(raw, plan.FLOOR) if plan.FLOOR in args.systems else {}

@@ -4,6 +4,7 @@ model with real servers (merged and unmerged, every scenario once). No timing is
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import pytest
 
@@ -46,17 +47,32 @@ def test_refuses_systems_that_need_a_gpu_on_a_machine_without_one(tmp_path, caps
     assert not (tmp_path / "logs").exists()  # refused before any server started
 
 
+def test_rejects_a_mixture_system_that_is_not_a_plugin_system_under_test(tmp_path, capsys):
+    for systems, mixture in ((["unmerge_only"], "vlora_keep_popular"), (["nolora", "unmerge_only"], "nolora")):
+        with pytest.raises(SystemExit):
+            image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", *systems,
+                                "--mixture-systems", mixture])
+        assert f"--mixture-systems: {mixture} must be a plugin system among --systems" in capsys.readouterr().err
+
+
 def test_one_cpu_round(tmp_path):
+    systems = ("merge_only", "unmerge_only", "vlora_keep_popular")
     result = image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--rounds", "1",
-                                 "--systems", "merge_only", "unmerge_only"])
+                                 "--systems", *systems, "--mixture-systems", "vlora_keep_popular"])
     saved = json.loads((tmp_path / "image_prefill.json").read_text())
     assert saved["scenarios"].keys() == set(image_prefill.SCENARIOS)
+    assert saved["mixture_systems"] == {"vlora_keep_popular": {"merged": result["adapter"], "requests_on": ANY,
+                                                               "primed_by": image_prefill.PRIME}}
     for scenario, by_system in result["scenarios"].items():
-        assert by_system.keys() == {"merge_only", "unmerge_only"}
+        assert by_system.keys() == set(systems)
         for name, data in by_system.items():
             (request,) = data["requests"]
             assert data["stages_ms"]["prefill"]["median"] > 0, (scenario, name)
             assert request["output_tokens"] == 1
+        # each system ran the request in the mode it is there to measure, and says so
+        assert set(by_system["merge_only"]["iterations_by_mode"]) == {"merge"}, scenario
+        assert set(by_system["unmerge_only"]["iterations_by_mode"]) == {"unmerge"}, scenario
+        assert set(by_system["vlora_keep_popular"]["iterations_by_mode"]) == {"mixture"}, scenario
     text = result["scenarios"]["text448"]["unmerge_only"]["requests"][0]
     assert text["prompt_tokens"] == result["text_prompt_tokens"] and text["cached_tokens"] == 0
     assert result["prefill_over_floor_ms"] == {}  # no floor among the systems
