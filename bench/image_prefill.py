@@ -23,7 +23,10 @@ floor gets the same requests without an adapter. Per scenario and system: the st
 median / min / max over the rounds, and per LoRA system the median of its per-round excess
 over the floor's prefill.
 
-``--mixture-systems`` names plugin systems (with a policy that keeps a popular adapter merged,
+``--beside-decode N`` runs each measured request beside ``N`` requests of the top adapter (none for
+the floor) that are decoding when it arrives, as in the end-to-end benchmark, where a new request's
+prefill stops a running decode batch; a server that keeps its top adapter merged then runs a
+second adapter's prefill in mixture. ``--mixture-systems`` names plugin systems (with a policy that keeps a popular adapter merged,
 e.g. ``vlora_keep_popular``) whose measured requests run in mixture: before each, ``PRIME``
 one-token text requests on the top adapter keep it merged and popular, and the measured request
 names the second adapter. Every plugin system's request records the modes its iterations ran in
@@ -44,6 +47,10 @@ import argparse
 import shlex
 import statistics
 import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +94,7 @@ def round_payloads(scale: str, r: int, seed: int, text_length: int) -> dict[str,
 
 
 PRIME = 3  # top-adapter requests before each measured request of a mixture system
+BESIDE_HEAD_START_S = 0.25  # the beside requests' prefills are done and they decode when the measured one arrives
 
 
 def for_system(payload: dict[str, Any], system: plan.System, adapter: str) -> dict[str, Any]:
@@ -103,10 +111,13 @@ def iterations_by_mode(client: httpx.Client, url: str) -> dict[str, int]:
 class Measured:
     """How one server is asked: plain systems get the payload as it is (their adapter on it);
     mixture systems get ``PRIME`` top-adapter requests first and the measured one on ``other``;
-    plugin systems' results carry ``ran_in``, the modes of the iterations the request ran in."""
+    with ``beside`` > 0 the measured request runs beside that many top-adapter requests that are
+    decoding when it arrives (the floor's have no adapter); plugin systems' results carry ``ran_in``, the modes of the iterations the request ran in."""
 
-    def __init__(self, system: plan.System, url: str, top: str, other: str, mixture: bool) -> None:
+    def __init__(self, system: plan.System, url: str, top: str, other: str, mixture: bool, beside: int = 0,
+                 beside_tokens: int = 48) -> None:
         self.system, self.url, self.top, self.mixture = system, url, top, mixture
+        self.beside, self.beside_tokens = beside, beside_tokens
         self.adapter = other if mixture else top
 
     def prime(self, client: httpx.Client) -> None:
@@ -118,12 +129,37 @@ class Measured:
     def post(self, client: httpx.Client, payload: dict[str, Any]) -> dict[str, Any]:
         self.prime(client)
         before = iterations_by_mode(client, self.url) if self.system.plugin else None
-        result = post(client, self.url, for_system(payload, self.system, self.adapter))
+        with self.beside_running() as measured_done:
+            result = post(client, self.url, for_system(payload, self.system, self.adapter))
+            measured_done.append(time.perf_counter())
         if before is not None:
             after = iterations_by_mode(client, self.url)
             result["ran_in"] = {mode: after[mode] - before.get(mode, 0) for mode in after
                                 if after[mode] != before.get(mode, 0)}
         return result
+
+    @contextmanager
+    def beside_running(self) -> Iterator[list[float]]:
+        """The requests beside the measured one, decoding when the block starts; the block
+        appends when the measured request finished (perf_counter), which they must outlast."""
+        measured_done: list[float] = []
+        with ThreadPoolExecutor(max_workers=max(1, self.beside)) as pool:
+            beside = [pool.submit(self._decode_beside, i) for i in range(self.beside)]
+            if beside:
+                time.sleep(BESIDE_HEAD_START_S)
+            yield measured_done
+            for future in beside:
+                if measured_done and future.result() < measured_done[0]:
+                    raise RuntimeError("a request beside the measured one finished before it: raise "
+                                       "--beside-output-tokens")
+
+    def _decode_beside(self, i: int) -> float:
+        """One top-adapter request decoding ``beside_tokens`` tokens; when it finished (perf_counter)."""
+        payload = {"input_ids": [TEXT_IDS[0] + 1 + i] * 16, "lora_path": self.top if self.system.lora else None,
+                   "sampling_params": {"max_new_tokens": self.beside_tokens, "temperature": 0, "ignore_eos": True}}
+        with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
+            post(client, self.url, payload)
+        return time.perf_counter()
 
 
 def modes_run(requests: list[dict[str, Any]]) -> dict[str, int]:
@@ -154,14 +190,20 @@ def excess_over_floor(raw: dict[str, dict[str, list[dict[str, Any]]]], floor: st
 
 def profile_image(server: Measured, payload: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
     """One ``image448`` request under SGLang's torch profiler, summarised (a mixture system's
-    priming requests run before the profiler starts)."""
+    priming requests run before the profiler starts; requests beside it, once they decode)."""
     from bench.profile_server import load_events, profiled, summarise
 
     url = server.url
+
+    def send(client: httpx.Client, measured_done: list[float]) -> dict[str, Any]:
+        result = post(client, url, for_system(payload, server.system, server.adapter))
+        measured_done.append(time.perf_counter())
+        return result
+
     with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
         server.prime(client)
-        trace, result = profiled(url, trace_dir, "image448",
-                                 lambda: post(client, url, for_system(payload, server.system, server.adapter)))
+        with server.beside_running() as measured_done:
+            trace, result = profiled(url, trace_dir, "image448", lambda: send(client, measured_done))
     return {**summarise(load_events(trace), decode=False), "request": result, "trace": trace.name}
 
 
@@ -186,11 +228,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=list(plan.SYSTEMS))
     ap.add_argument("--mixture-systems", nargs="+", default=[], choices=list(plan.SYSTEMS),
                     help="plugin systems among --systems whose measured requests run in mixture (see above)")
+    ap.add_argument("--beside-decode", type=int, default=0, metavar="N",
+                    help="top-adapter requests decoding beside each measured one (see above)")
+    ap.add_argument("--beside-output-tokens", type=int, default=48,
+                    help="their output tokens: enough to outlast the measured request")
     ap.add_argument("--profile", action="store_true", help="also profile one image448 request per server")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if args.beside_decode < 0 or args.beside_output_tokens < 1:
+        ap.error("--beside-decode must be >= 0 and --beside-output-tokens >= 1")
     if len(set(args.systems)) != len(args.systems):
         ap.error("--systems names a system twice")
     for name in args.mixture_systems:
@@ -212,6 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log_dir.mkdir(exist_ok=True)
     live = servers.start_all(systems, setup, model, adapters, log_dir, extra)
     results: dict[str, Any] = {"assets": info, "rounds": args.rounds, "adapter": adapter,
+                               "beside_decode": {"requests": args.beside_decode, "output_tokens": args.beside_output_tokens,
+                                                 "head_start_s": BESIDE_HEAD_START_S},
                                "mixture_systems": {n: {"merged": adapter, "requests_on": other, "primed_by": PRIME}
                                                    for n in args.mixture_systems},
                                "servers": {n: {"command": shlex.join(servers.command(plan.SYSTEMS[n], setup, model,
@@ -222,8 +272,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         failed = servers.wait_all(live, setup.start_timeout_s)
         if failed:
             raise RuntimeError(f"servers failed to start: {failed}")
-        asked = {s.name: Measured(s, live[s.name].url, adapter, other, s.name in args.mixture_systems)
-                 for s in systems}
+        asked = {s.name: Measured(s, live[s.name].url, adapter, other, s.name in args.mixture_systems,
+                                  args.beside_decode, args.beside_output_tokens) for s in systems}
         with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
             # warm-up: every server answers each kind once (first-use costs, the merge of the adapter)
             warm = round_payloads(args.scale, args.rounds + 1, args.seed, text_length=1)

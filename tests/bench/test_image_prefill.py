@@ -55,10 +55,18 @@ def test_rejects_a_mixture_system_that_is_not_a_plugin_system_under_test(tmp_pat
         assert f"--mixture-systems: {mixture} must be a plugin system among --systems" in capsys.readouterr().err
 
 
+def test_refuses_a_negative_beside_decode(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", "unmerge_only",
+                            "--beside-decode", "-1"])
+    assert "--beside-decode must be >= 0 and --beside-output-tokens >= 1" in capsys.readouterr().err
+
+
 def test_one_cpu_round(tmp_path):
     systems = ("merge_only", "unmerge_only", "vlora_keep_popular")
     result = image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--rounds", "1",
-                                 "--systems", *systems, "--mixture-systems", "vlora_keep_popular"])
+                                 "--systems", *systems, "--mixture-systems", "vlora_keep_popular",
+                                 "--beside-decode", "2", "--beside-output-tokens", "256"])
     saved = json.loads((tmp_path / "image_prefill.json").read_text())
     assert saved["scenarios"].keys() == set(image_prefill.SCENARIOS)
     assert saved["mixture_systems"] == {"vlora_keep_popular": {"merged": result["adapter"], "requests_on": ANY,
@@ -72,7 +80,10 @@ def test_one_cpu_round(tmp_path):
         # each system ran the request in the mode it is there to measure, and says so
         assert set(by_system["merge_only"]["iterations_by_mode"]) == {"merge"}, scenario
         assert set(by_system["unmerge_only"]["iterations_by_mode"]) == {"unmerge"}, scenario
-        assert set(by_system["vlora_keep_popular"]["iterations_by_mode"]) == {"mixture"}, scenario
+        # beside two decoding top-adapter requests, which keep it merged: the second adapter's in mixture
+        assert "mixture" in by_system["vlora_keep_popular"]["iterations_by_mode"], scenario
+        assert "unmerge" not in by_system["vlora_keep_popular"]["iterations_by_mode"], scenario
+    assert saved["beside_decode"]["requests"] == 2
     text = result["scenarios"]["text448"]["unmerge_only"]["requests"][0]
     assert text["prompt_tokens"] == result["text_prompt_tokens"] and text["cached_tokens"] == 0
     assert result["prefill_over_floor_ms"] == {}  # no floor among the systems
