@@ -1,7 +1,7 @@
 """What one image request's prefill costs per system and mode, the systems taking turns.
 
     python bench/image_prefill.py --out DIR [--scale gpu] [--rounds 20] \\
-        [--systems nolora merge_only unmerge_only csgmv] [--profile]
+        [--systems nolora merge_only unmerge_only csgmv] [--profile [--profile-requests N]]
 
 The vision-skewed end-to-end point's timelines showed ours' prefills of one image and its
 prompt reading a median 13 ms longer unmerged than merged, at a load where rounds are decided
@@ -33,10 +33,12 @@ names the second adapter. Every plugin system's request records the modes its it
 (``ran_in``: the change of ``/vlora/status``'s iteration counts across it), so a table row says
 what it measured.
 
-``--profile`` also records one ``image448`` request per server under SGLang's torch profiler
-and summarises it with ``bench/profile_server.py``'s summary (GPU busy time, kernels by
-category, the host's top operations): whether the prefill waits on the GPU or on the host,
-and what the LoRA kernels add.
+``--profile`` also records ``--profile-requests`` ``image448`` requests per server (default 1,
+the servers taking turns) under SGLang's torch profiler and summarises the first with
+``bench/profile_server.py``'s summary (GPU busy time, kernels by category, the host's top
+operations): whether the prefill waits on the GPU or on the host, and what the LoRA kernels
+add. For every one, ``prefill_host_profiled`` keeps the host time of the language model's
+prefill and of the vision encoder (SGLang's ranges) and their ratio, with the medians.
 
 Writes ``DIR/image_prefill.json``, the servers' logs to ``DIR/logs`` and prints a table.
 """
@@ -207,6 +209,26 @@ def profile_image(server: Measured, payload: dict[str, Any], trace_dir: Path) ->
     return {**summarise(load_events(trace), decode=False), "request": result, "trace": trace.name}
 
 
+LM_PREFILL = "user_annotation:sglang.vlm.language_model_prefill"  # SGLang's ranges in the profiled step
+VISION_ENCODER = "user_annotation:sglang.vlm.mm_embedding"
+
+
+def prefill_host(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Host time of the profiled prefills, split by SGLang's ranges: the language model's prefill
+    (where LoRA runs) and the vision encoder's (no LoRA): per request and the medians. Their
+    ratio takes out the host's speed of the moment, which moves a host-bound prefill more than
+    any LoRA work does."""
+    rows = []
+    for summary_ in summaries:
+        host = summary_.get("top_host_us_per_step") or {}
+        if LM_PREFILL in host and VISION_ENCODER in host:
+            lm, vision = host[LM_PREFILL] / 1000, host[VISION_ENCODER] / 1000
+            rows.append({"language_model_ms": round(lm, 2), "vision_encoder_ms": round(vision, 2),
+                         "ratio": round(lm / vision, 3), "gpu_busy_ms": round(summary_["busy_us_per_step"] / 1000, 2)})
+    medians = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]} if rows else {}
+    return {"requests": rows, "median": medians, "failed": len(summaries) - len(rows)}
+
+
 def print_table(results: dict[str, Any]) -> None:
     print(f"{'scenario':10} {'server':18} " + " ".join(f"{s:>11}" for s in STAGES)
           + "  prefill-floor (median ms)  iterations by mode")
@@ -218,6 +240,10 @@ def print_table(results: dict[str, Any]) -> None:
                                                         for s in STAGES)
                   + (f"  {excess:+.1f}" if excess is not None else "  -")
                   + (f"  {data['iterations_by_mode']}" if data["iterations_by_mode"] else ""))
+    for name, server in results["servers"].items():
+        host = server.get("prefill_host_profiled", {})
+        if host.get("median"):
+            print(f"profiled image448 {name:18} median of {len(host['requests'])}: {host['median']}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -232,11 +258,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="top-adapter requests decoding beside each measured one (see above)")
     ap.add_argument("--beside-output-tokens", type=int, default=48,
                     help="their output tokens: enough to outlast the measured request")
-    ap.add_argument("--profile", action="store_true", help="also profile one image448 request per server")
+    ap.add_argument("--profile", action="store_true", help="also profile image448 requests per server")
+    ap.add_argument("--profile-requests", type=int, default=1, metavar="N",
+                    help="profiled requests per server, the servers taking turns (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if args.profile_requests < 1:
+        ap.error("--profile-requests must be >= 1")
     if args.beside_decode < 0 or args.beside_output_tokens < 1:
         ap.error("--beside-decode must be >= 0 and --beside-output-tokens >= 1")
     if len(set(args.systems)) != len(args.systems):
@@ -291,13 +321,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     for scenario in kinds:
                         raw[scenario][system.name].append(asked[system.name].post(client, payloads[scenario]))
         if args.profile:
-            payloads = round_payloads(args.scale, args.rounds, args.seed, text_length)
-            for system in systems:
-                try:
-                    results["servers"][system.name]["profile_image448"] = profile_image(
-                        asked[system.name], payloads["image448"], args.out / "traces" / system.name)
-                except (RuntimeError, httpx.HTTPError) as e:  # the timed rounds stand without it
-                    results["servers"][system.name]["profile_image448"] = {"failed": f"{type(e).__name__}: {e}"}
+            profiles: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+            for p in range(args.profile_requests):
+                payloads = round_payloads(args.scale, args.rounds + 2 + p, args.seed, text_length)
+                for system in systems[p % len(systems):] + systems[: p % len(systems)]:
+                    try:
+                        profiles[system.name].append(profile_image(
+                            asked[system.name], payloads["image448"], args.out / "traces" / system.name))
+                    except (RuntimeError, httpx.HTTPError) as e:  # the timed rounds stand without it
+                        profiles[system.name].append({"failed": f"{type(e).__name__}: {e}"})
+            for name, summaries in profiles.items():
+                results["servers"][name]["profile_image448"] = summaries[0]
+                results["servers"][name]["prefill_host_profiled"] = prefill_host(summaries)
     finally:
         servers.stop_all(live)
     results["text_prompt_tokens"] = text_length

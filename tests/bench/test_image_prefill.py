@@ -89,3 +89,23 @@ def test_one_cpu_round(tmp_path):
     assert result["prefill_over_floor_ms"] == {}  # no floor among the systems
     assert "--vlora-policy merge-only" in result["servers"]["merge_only"]["command"]
     assert (tmp_path / "logs" / "unmerge_only.log").exists()
+
+
+def test_prefill_host_splits_the_language_model_from_the_vision_encoder_and_skips_failed_profiles():
+    def profiled(lm_us: float, vision_us: float, busy_us: float) -> dict:
+        return {"busy_us_per_step": busy_us,
+                "top_host_us_per_step": {image_prefill.LM_PREFILL: lm_us, image_prefill.VISION_ENCODER: vision_us}}
+
+    host = image_prefill.prefill_host([profiled(60_000, 40_000, 16_000), {"failed": "RuntimeError: no trace"},
+                                       profiled(90_000, 45_000, 16_500), profiled(70_000, 50_000, 16_200)])
+    assert host["failed"] == 1
+    assert [r["ratio"] for r in host["requests"]] == [1.5, 2.0, 1.4]
+    assert host["median"] == {"language_model_ms": 70.0, "vision_encoder_ms": 45.0, "ratio": 1.5, "gpu_busy_ms": 16.2}
+    assert image_prefill.prefill_host([{"failed": "x"}]) == {"requests": [], "median": {}, "failed": 1}
+
+
+def test_refuses_no_profiled_requests(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        image_prefill.main(["--out", str(tmp_path), "--scale", "cpu", "--systems", "unmerge_only",
+                            "--profile", "--profile-requests", "0"])
+    assert "--profile-requests must be >= 1" in capsys.readouterr().err
