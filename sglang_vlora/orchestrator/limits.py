@@ -76,24 +76,36 @@ class DerivedLimits:
         if math.isfinite(execution_s) and execution_s >= 0:
             self._executions.append(execution_s)
 
+    def max_batch_value(self) -> int:
+        """:meth:`max_batch` without its source (every decision reads it; the text is for the status)."""
+        if self._max_batch_flag is not None:
+            return self._max_batch_flag
+        return max(1, min(self.capacity, max(self._in_flight, round(self._average))))
+
     def max_batch(self) -> tuple[int, str]:
         if self._max_batch_flag is not None:
             return self._max_batch_flag, "--vlora-max-batch"
         horizon = "mean execution time" if self._executions else "busy period"
         return (
-            max(1, min(self.capacity, max(self._in_flight, round(self._average)))),
+            self.max_batch_value(),
             f"requests in flight (running + waiting), now or averaged over the {horizon}, "
             f"at most {self.capacity} ({self.capacity_source})",
         )
 
+    def theta_value(self) -> float:
+        """:meth:`theta` without its source."""
+        if self._theta_flag is not None:
+            return self._theta_flag
+        mean = self._mean_execution()
+        return 0.0 if mean is None else self.theta_factor * mean
+
     def theta(self) -> tuple[float, str]:
         if self._theta_flag is not None:
             return self._theta_flag, "--vlora-theta"
-        mean = self._mean_execution()
-        if mean is None:
+        if not self._executions:
             return 0.0, "no request finished yet: every request counts as starving"
         return (
-            self.theta_factor * mean,
+            self.theta_value(),
             f"{self.theta_factor:g} x mean execution time of the last {len(self._executions)} finished requests",
         )
 

@@ -146,7 +146,7 @@ class Orchestrator:
         self.hook_seconds = 0.0
         self.hook_seconds_by_part = dict.fromkeys(HOOK_PARTS, 0.0)  # the parts, same iterations
         self._switch_errors: set[str] = set()
-        self.queue: dict[str, int] = {}
+        self._in_flight: tuple[Request, ...] = ()  # the last decision's requests: the queue, counted when read
         self._calibrated = False
         self._first_request: Any = None  # the first request run, until it has finished
         self._first_request_iterations = 0
@@ -163,8 +163,8 @@ class Orchestrator:
         waiting, running = list(scheduler.waiting_queue), _running_requests(scheduler)
         self._learn_from_finished(running, now)
         if not waiting and not running:
-            if self.queue:
-                self._report_queue({})
+            if self._in_flight:
+                self._report_queue(())
                 if self.metrics is not None:
                     self.metrics.starving.set(0)
             self.admit = frozenset()
@@ -256,7 +256,7 @@ class Orchestrator:
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
-            theta=self.limits.theta()[0], max_batch=self.limits.max_batch()[0], adapter_slots=self.adapter_slots,
+            theta=self.limits.theta_value(), max_batch=self.limits.max_batch_value(), adapter_slots=self.adapter_slots,
             admission=self.admission, keep_merged=self.keep_merged, popular_share=self.popular_share,
         )
 
@@ -284,7 +284,7 @@ class Orchestrator:
             recent_arrivals=tuple(self._recent_arrivals),
         )
         decision = self._policy.decide(state)
-        self._report_queue(dict(Counter(self._name(r.adapter) for r in state.requests)))
+        self._report_queue(state.requests)
         self._record_waits(state, decision, now)
         return decision
 
@@ -360,11 +360,20 @@ class Orchestrator:
         if self.metrics is not None:
             self.metrics.starving.set(len(decision.starving))
 
-    def _report_queue(self, queue: dict[str, int]) -> None:
+    @property
+    def queue(self) -> dict[str, int]:
+        """Waiting and running requests by adapter name at the last decision."""
+        return dict(Counter(self._name(r.adapter) for r in self._in_flight))
+
+    def _report_queue(self, requests: tuple[Request, ...]) -> None:
+        """Keep the decision's requests; the count by adapter is made only where it is read
+        (``/vlora/status``, the Prometheus gauge), not every iteration."""
         if self.metrics is not None:
-            for name in {*self._adapter_names(), *self.queue, *queue}:
+            before, self._in_flight = self.queue, requests
+            queue = self.queue
+            for name in {*self._adapter_names(), *before, *queue}:
                 self.metrics.queue.labels(adapter=name).set(queue.get(name, 0))
-        self.queue = queue
+        self._in_flight = requests
 
     def _switch(self, mode: Mode, uid: str | None, now: float, record: bool = True) -> None:
         """Move the weights in place, timed with marks read later (no host synchronisation).

@@ -67,3 +67,21 @@ def test_theta_is_one_and_a_half_times_the_mean_execution_of_finished_requests()
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         DerivedLimits(None, None, capacity=0, capacity_source="max running requests")
+
+
+def test_the_values_the_decisions_read_are_those_the_status_shows():
+    import random
+
+    rng = random.Random(7)
+    for flags in ((None, None), (16, None), (None, 5.0), (16, 5.0)):
+        limits = DerivedLimits(*flags, capacity=48, capacity_source="test")
+        now = 0.0
+        for step in range(300):
+            now += rng.uniform(0.001, 0.05)
+            limits.observe(now, rng.randint(0, 60))
+            if step % 7 == 0:
+                limits.finished(rng.uniform(0.05, 2.0))
+            if step % 50 == 49:
+                limits.idle()
+            assert limits.max_batch_value() == limits.max_batch()[0]
+            assert limits.theta_value() == limits.theta()[0]
