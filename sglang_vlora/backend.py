@@ -184,6 +184,11 @@ class ATMMLoRABackend(BaseLoRABackend):
         # Batches prepared without any work item, by layout, since start-up (graph capture's
         # base-only batches included): /vlora/status shows them (ModeController.status).
         self.batches_without_work = {"eager": 0, "graph": 0}
+        # Whether SGLang's decode graph runner has a base-only graph, which it replays for a
+        # batch without LoRA work (modes/mode_hooks.lora_graph_if_work_around sets it at every
+        # replay): then such a batch's items are never read, and a decode batch wholly of the
+        # merged adapter's requests skips building and writing them.
+        self.base_only_decode_graph = False
         # Module shapes run inside a graph capture whose eager kernels are not compiled yet:
         # compiled at the next batch prepared outside a capture (SGLang's warm-up request).
         self._eager_compiles_due: dict[tuple, tuple] = {}
@@ -332,14 +337,21 @@ class ATMMLoRABackend(BaseLoRABackend):
         if graph is not None:
             self.gemm_items = None
             self.eager_in_gemm = self.eager_kept = self.eager_in_gemm_kept = self.eager_small_gemm = False
-            items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
-            self._count_work(items.num_items, "graph")
             if graph == "prefill":
                 static, batch_info = self.prefill_graph_items, self.prefill_cuda_graph_batch_info
             else:
                 static, batch_info = self.graph_items, self.cuda_graph_batch_info
             if static is None:
                 raise RuntimeError(f"a {graph} graph batch before init_{graph}_cuda_graph_batch_info")
+            if (graph == "decode" and self.base_only_decode_graph and merged_slot is not None
+                    and all(slot == merged_slot for slot in slots)):
+                # Every token is the merged adapter's: no item (modes/delora.py), and the
+                # base-only graph that replays reads none, so none is built or written.
+                self._count_work(0, "graph")
+                self._point_at_graph_batch(forward_batch, static, batch_info)
+                return
+            items = mode_work_items(starts, lengths, slots, lora_ranks, scalings, merged_slot, device="cpu")
+            self._count_work(items.num_items, "graph")
             self._prepare_graph_batch(forward_batch, sum(seq_lens), items, permutation, static, batch_info)
             return
         self.gemm_items = None
@@ -507,6 +519,10 @@ class ATMMLoRABackend(BaseLoRABackend):
         if num_tokens > static.max_tokens:
             raise RuntimeError(f"graph batch of {num_tokens} tokens exceeds the captured {static.max_tokens}")
         static.fill(items, num_tokens, permutation)
+        self._point_at_graph_batch(forward_batch, static, batch_info)
+
+    def _point_at_graph_batch(self, forward_batch, static: StaticWorkItems, batch_info) -> None:
+        """The prepared batch is a graph family's: SGLang's view of it and our static items."""
         batch_info.bs = forward_batch.batch_size
         batch_info.num_segments = forward_batch.batch_size
         self.use_graph_path = True

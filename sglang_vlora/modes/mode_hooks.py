@@ -143,10 +143,14 @@ def lora_graph_if_work_around(rt: VLoRARuntime, original, self, forward_batch, *
     merged adapter's requests skips the LoRA graph's empty launches, and a batch of base-model
     requests with an adapter merged gets the LoRA graph its ``-k`` items need."""
     variant = original(self, forward_batch, *args, **kwargs)
+    manager = self.model_runner.lora_manager
+    backend = manager.lora_backend if manager is not None else None
+    if hasattr(backend, "base_only_decode_graph"):
+        # only with a base-only graph may a batch without work skip writing its items
+        backend.base_only_decode_graph = variant is not None
     if variant is None:  # a single graph serves every batch
         return variant
-    manager = self.model_runner.lora_manager
-    info = manager.lora_backend.batch_info if manager is not None else None
+    info = backend.batch_info if backend is not None else None
     if info is None:
         return variant
     return "lora" if info.has_active_lora else "nolora"

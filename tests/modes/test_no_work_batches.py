@@ -112,3 +112,35 @@ def test_a_runner_without_the_base_graph_keeps_its_variant():
         rt, DecodeCudaGraphRunner._resolve_lora_variant, runner, SimpleNamespace(lora_ids=["uid2", "uid2"])
     )
     assert got is None
+
+
+def _decode_batch(backend, slots):
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=len(slots))
+    backend.prepare_lora_batch(batch, slots, RANKS, SCALINGS, use_cuda_graph=True)
+    return batch
+
+
+@pytest.mark.parametrize("base_graph", [True, False], ids=["base-only graph", "one graph"])
+def test_a_merged_only_decode_batch_writes_no_items_only_where_the_base_only_graph_replays(base_graph, monkeypatch):
+    """Once the runner has resolved a replay, the backend knows whether a base-only graph
+    exists. With one, a decode batch wholly of the merged adapter's requests builds and writes
+    no items (that graph reads none); with a single LoRA graph, which reads the static items
+    at every replay, they are written as before. Batches with work always write theirs."""
+    rt, backend, manager = prepared(MERGED_SLOT, [2, 1], graph=True)
+    assert backend.base_only_decode_graph is False  # nothing replayed yet: every batch writes its items
+    runner = SimpleNamespace(record_nolora_graph=base_graph, model_runner=SimpleNamespace(lora_manager=manager))
+    lora_graph_if_work_around(rt, DecodeCudaGraphRunner._resolve_lora_variant, runner,
+                              SimpleNamespace(lora_ids=["uid2", "uid1"]))
+    assert backend.base_only_decode_graph is base_graph
+
+    fills = []
+    original_fill = backend.graph_items.fill
+    monkeypatch.setattr(backend.graph_items, "fill", lambda *a, **k: (fills.append(a), original_fill(*a, **k)))
+    batch = _decode_batch(backend, [2, 2, 2])
+    assert backend.has_lora_work is False
+    assert backend.use_graph_path and backend.static_items is backend.graph_items
+    assert backend.batch_info.bs == backend.batch_info.num_segments == batch.batch_size == 3
+    assert len(fills) == (0 if base_graph else 1)
+    _decode_batch(backend, [2, 0])  # base-model requests with k merged: -k items, always written
+    assert backend.has_lora_work is True and len(fills) == (1 if base_graph else 2)
+    assert fills[-1][0].num_items > 0  # the items written were the -k ones
