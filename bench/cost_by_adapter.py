@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = analyse([run for run in runs if args.point in run["points"]], args.point)
     except TraceMismatch as e:
         ap.error(str(e))
+    except (KeyError, TypeError, ValueError) as e:
+        ap.error(f"a measurement of {args.point!r} lacks what this reads (per_request, metrics.tpot_ms, "
+                 f"trace_seed): {type(e).__name__}: {e}")
     if not result:
         ap.error(f"no round of {args.point!r} measured the floor and another system from the same trace")
     report = {"point": args.point, "files": [str(p) for p in args.results], "systems": result,

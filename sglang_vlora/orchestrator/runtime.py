@@ -147,6 +147,7 @@ class Orchestrator:
         self.hook_seconds_by_part = dict.fromkeys(HOOK_PARTS, 0.0)  # the parts, same iterations
         self._switch_errors: set[str] = set()
         self._in_flight: tuple[Request, ...] = ()  # the last decision's requests: the queue, counted when read
+        self._gauged: set[str] = set()  # adapter names the queue gauge last set above 0
         self._calibrated = False
         self._first_request: Any = None  # the first request run, until it has finished
         self._first_request_iterations = 0
@@ -368,12 +369,12 @@ class Orchestrator:
     def _report_queue(self, requests: tuple[Request, ...]) -> None:
         """Keep the decision's requests; the count by adapter is made only where it is read
         (``/vlora/status``, the Prometheus gauge), not every iteration."""
-        if self.metrics is not None:
-            before, self._in_flight = self.queue, requests
-            queue = self.queue
-            for name in {*self._adapter_names(), *before, *queue}:
-                self.metrics.queue.labels(adapter=name).set(queue.get(name, 0))
         self._in_flight = requests
+        if self.metrics is not None:
+            queue = self.queue
+            for name in {*self._adapter_names(), *self._gauged, *queue}:
+                self.metrics.queue.labels(adapter=name).set(queue.get(name, 0))
+            self._gauged = set(queue)
 
     def _switch(self, mode: Mode, uid: str | None, now: float, record: bool = True) -> None:
         """Move the weights in place, timed with marks read later (no host synchronisation).

@@ -72,3 +72,13 @@ def test_files_without_the_point_or_not_results_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cost_by_adapter.main([str(ok), "--point", "video-lm"])
     assert "no results file has point 'video-lm'" in capsys.readouterr().err
+
+
+def test_a_measurement_missing_what_is_read_is_refused(tmp_path, capsys):
+    run, _ = _run(1, {})
+    del run["measurements"][1]["metrics"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(SystemExit):
+        cost_by_adapter.main([str(path), "--point", POINT, "--out", str(tmp_path)])
+    assert "lacks what this reads" in capsys.readouterr().err
