@@ -22,13 +22,16 @@ median / min / max over the rounds, and the round-by-round excess over the floor
 floor, ``nolora_twin``, reads what the harness resolves). Plugin systems also record the modes
 their iterations ran in (``ran_in``) and the orchestrator's hook time across the scenario
 (``hook_us_per_decision``, ``decisions``): what its host work per iteration is next to what
-the step costs. Writes ``DIR/decode_turns.json``, the servers' logs to ``DIR/logs`` and prints
-a table.
+the step costs. Writes ``DIR/decode_turns.json`` and ``.png`` (TPOT over the floor per scenario,
+the bars' ends the rounds' min and max), the servers' logs to ``DIR/logs`` and prints a table.
+
+    python bench/decode_turns.py --replot RESULTS.json     # the table and PNG of a results file again
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import sys
@@ -44,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import provenance  # noqa: E402
 from bench.e2e import cpu_pinning, plan, servers  # noqa: E402
+from bench.plotting import pyplot, save_figure  # noqa: E402
 from bench.video_timeline import METRICS_FLAG, TEXT_IDS, post  # noqa: E402
 
 SCENARIOS = ("top", "mix")
@@ -169,9 +173,44 @@ def print_table(results: dict[str, Any]) -> None:
                   + (f"  {entry['iterations_by_mode']}" if entry.get("iterations_by_mode") else ""))
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """TPOT over the floor per scenario and system: the rounds' median, whiskers to min and max."""
+    plt = pyplot()
+    excess = results["tpot_over_floor_ms"]
+    if plt is None or not excess:
+        return
+    names = sorted({n for by_system in excess.values() for n in by_system}, key=list(results["servers"]).index)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.5 * len(names)), 3.5))
+    width = 0.8 / len(excess)
+    for k, (scenario, by_system) in enumerate(excess.items()):
+        xs = [i + (k - (len(excess) - 1) / 2) * width for i in range(len(names))]
+        med = [by_system.get(n, {}).get("median", float("nan")) for n in names]
+        lo = [m - by_system[n]["min"] if n in by_system else 0 for n, m in zip(names, med, strict=True)]
+        hi = [by_system[n]["max"] - m if n in by_system else 0 for n, m in zip(names, med, strict=True)]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=scenario)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel("TPOT over the floor, ms")
+    ax.set_title(f"{results['batch']} requests decoding, {results['rounds']} rounds ({results['device']})", fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(plt, fig, path)
+
+
+def replot(path: Path) -> dict[str, Any]:
+    try:
+        results = json.loads(path.read_text())
+        results["summary"], results["tpot_over_floor_ms"], results["batch"]  # noqa: B018 (the fields read)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not a decode_turns results file ({type(e).__name__}: {e})") from e
+    print_table(results)
+    plot(results, path.with_suffix(".png"))
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--replot", type=Path, metavar="RESULTS", help="print and plot a results file, run nothing")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--rounds", type=int, default=12, help="batches of each scenario per server")
     ap.add_argument("--batch", type=int, default=4, help="requests decoding together")
@@ -182,6 +221,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=list(plan.SYSTEMS))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.replot is not None:
+        return replot(args.replot)
+    if args.out is None:
+        ap.error("--out is required to run")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     if args.batch < 2:
@@ -249,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     provenance.save_run(args.out / "decode_turns.json", results, gpu, "bench/decode_turns.py",
                         sys.argv[1:] if argv is None else argv)
     print_table(results)
+    plot(results, args.out / "decode_turns.png")
     return results
 
 

@@ -69,3 +69,31 @@ def test_one_cpu_round(tmp_path):
     assert set(result["scenarios"]["top"]["vlora"][0]["ran_in"]) == {"merge"}
     assert set(result["scenarios"]["top"]["unmerge_only"][0]["ran_in"]) == {"unmerge"}
     assert set(result["scenarios"]["mix"]["merge_only"][0]["ran_in"]) == {"merge"}
+
+
+def test_replot_prints_and_plots_a_results_file_and_refuses_another(tmp_path, capsys):
+    results = {"batch": 4, "rounds": 2, "device": "a GPU", "servers": {"nolora": {}, "vlora": {}},
+               "summary": {"top": {"nolora": {"tpot_ms": {"median": 7.0}},
+                                   "vlora": {"tpot_ms": {"median": 7.5}, "iterations_by_mode": {"merge": 9},
+                                             "hook_us_per_decision": {"median": 300.0}}}},
+               "tpot_over_floor_ms": {"top": {"vlora": {"median": 0.5, "min": 0.25, "max": 0.75, "rounds": 2}}}}
+    path = tmp_path / "decode_turns.json"
+    path.write_text(json.dumps(results))
+    decode_turns.main(["--replot", str(path)])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("top      vlora"))
+    assert "+0.500" in row and "300.0" in row and "{'merge': 9}" in row
+    if decode_turns.pyplot() is not None:
+        assert path.with_suffix(".png").stat().st_size > 0
+    bad = tmp_path / "e2e.json"
+    bad.write_text(json.dumps({"measurements": []}))
+    with pytest.raises(SystemExit, match="not a decode_turns results file"):
+        decode_turns.main(["--replot", str(bad)])
+    bad.write_text("{")
+    with pytest.raises(SystemExit, match="not a decode_turns results file"):
+        decode_turns.main(["--replot", str(bad)])
+
+
+def test_running_needs_an_out_folder(capsys):
+    with pytest.raises(SystemExit):
+        decode_turns.main(["--scale", "cpu", "--systems", "vlora"])
+    assert "--out is required to run" in capsys.readouterr().err
