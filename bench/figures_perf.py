@@ -428,3 +428,40 @@ def perf_host_speed(speed: dict[str, Any], emulation: dict[str, Any], profile: d
                                "the 28 layers of each profiled window (SGLang's torch profiler, whose per-op "
                                "overhead inflates every call alike); the ratio compares, window by window, the "
                                "base calls of the modules that carry LoRA (q/k/v, o) with those that do not.")
+
+
+DECODE_TURNS = (("nolora_twin", "the floor's twin"), ("vlora", "ours, defaults"), ("unmerge_only", "ATMM (unmerge-only)"),
+                ("csgmv", "csgmv"))
+
+
+@block("perf-decode-turns", "decode_turns_batch4_0cc8a45_h200.json", "decode_turns_batch16_0cc8a45_h200.json")
+def decode_turns(*runs: dict[str, Any]) -> str:
+    """docs/perf.md and the README: decode steps alone, the systems taking turns
+    (``bench/decode_turns.py``): TPOT over the floor's round by round, the cost against csgmv's
+    (sums over the rounds), the modes ours ran and its hooks' host time a decision."""
+    lines = ["| requests decoding | scenario | system | TPOT ms | over the floor, ms: median (min to max) | "
+             "cost / csgmv's | modes run | hooks us a decision |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for scenario, by_system in run["scenarios"].items():
+            floor = [r["tpot_ms"] for r in by_system["nolora"]]
+            csgmv = sum(r["tpot_ms"] - f for r, f in zip(by_system["csgmv"], floor, strict=True))
+            lines.append(f"| {run['batch']} | {scenario} | no LoRA | "
+                         f"{run['summary'][scenario]['nolora']['tpot_ms']['median']:.2f} | - | - | - | - |")
+            for key, label in DECODE_TURNS:
+                entry, ex = run["summary"][scenario][key], run["tpot_over_floor_ms"][scenario][key]
+                cost = sum(r["tpot_ms"] - f for r, f in zip(by_system[key], floor, strict=True))
+                modes = ", ".join(f"{m} {n}" for m, n in (entry.get("iterations_by_mode") or {}).items()) or "-"
+                hooks = entry.get("hook_us_per_decision")
+                ratio = "-" if key == "csgmv" else f"{cost / csgmv:.2f}"
+                hook_us = "-" if hooks is None else f"{hooks['median']:.0f}"
+                lines.append(f"| {run['batch']} | {scenario} | {label} | {entry['tpot_ms']['median']:.2f} | "
+                             f"{ex['median']:+.2f} ({ex['min']:+.2f} to {ex['max']:+.2f}) | "
+                             f"{ratio} | {modes} | {hook_us} |")
+    run = runs[0]
+    pinned = (f"each on {run['pinning']['cpus_per_server']} CPUs of its own" if run.get("pinning")
+              else "the servers not pinned to CPUs")
+    return "\n".join(lines) + (
+        f"\n\n{run['rounds']} rounds a run; each round every server answers the same fresh batch of text requests "
+        f"({run['prompt_tokens']} prompt tokens, {run['output_tokens']} output tokens each, sent together), the servers "
+        f"in a rotated order, {pinned}. top: every request on the top adapter; mix: one on a second "
+        "adapter. TPOT: SGLang's decode stage over the tokens after the first, median over the round's requests.")
