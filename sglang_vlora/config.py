@@ -36,6 +36,10 @@ DIRECT_LAUNCH_ENV = "SGLANG_VLORA_DIRECT_LAUNCH"
 # The in-GEMM expand is launched with programmatic dependent launch on Hopper and later GPUs
 # (atmm.triton_kernels.expand_pdl) unless this is "0": for comparison (bench/expand_pdl.py).
 PDL_ENV = "SGLANG_VLORA_PDL"
+# Threads that compile a shape's Triton variants ahead at once (atmm.launch_compiles); unset:
+# the CPUs the process may run on, at most COMPILE_WORKERS_CAP; "1": one at a time.
+COMPILE_WORKERS_ENV = "SGLANG_VLORA_COMPILE_WORKERS"
+COMPILE_WORKERS_CAP = 8
 
 
 def direct_launch_setting() -> bool:
@@ -47,6 +51,17 @@ def direct_launch_setting() -> bool:
 def pdl_setting() -> bool:
     """``SGLANG_VLORA_PDL``: unset or ``1`` on, ``0`` off; anything else is refused."""
     return _on_off(PDL_ENV)
+
+
+def compile_workers_setting() -> int:
+    """``SGLANG_VLORA_COMPILE_WORKERS``: a whole number from 1; unset: the CPUs this process
+    may run on, at most :data:`COMPILE_WORKERS_CAP`. Anything else is refused."""
+    value = os.environ.get(COMPILE_WORKERS_ENV)
+    if value is None:
+        return max(1, min(COMPILE_WORKERS_CAP, len(os.sched_getaffinity(0))))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{COMPILE_WORKERS_ENV} must be a whole number from 1, got {value!r}")
+    return int(value)
 
 
 def _on_off(name: str) -> bool:

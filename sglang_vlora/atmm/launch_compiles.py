@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
+
+from sglang_vlora.config import compile_workers_setting
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,41 @@ def launch_counting_compiles(fn: Any, launch: Callable[[], Any], constexprs: dic
     return result
 
 
+# The loads of the variants compiled in a :func:`compiles_in_parallel` block, made when it ends.
+_DEFERRED_LOADS: ContextVar[list | None] = ContextVar("vlora_deferred_loads", default=None)
+
+
+@contextmanager
+def compiles_in_parallel() -> Iterator[None]:
+    """Run the Triton compiles of :func:`compile_and_load` calls made in the block in a pool of
+    threads, and load the compiled variants when the block ends, on the
+    calling thread. Compiling ahead every variant the table may pick took about 75 s of an H200
+    server's start-up one after another (94 variants, 2026-12-01); Triton's compiler releases
+    the GIL while it works, so its compiles overlap (Triton's ``AsyncCompileMode``). The same
+    variants are compiled, and each is loaded once, as without the pool. With one worker
+    (``SGLANG_VLORA_COMPILE_WORKERS=1``), a Triton without ``AsyncCompileMode`` or inside
+    another such block, the calls compile and load as they come."""
+    workers = compile_workers_setting()
+    if workers <= 1 or _DEFERRED_LOADS.get() is not None:
+        yield
+        return
+    import triton
+
+    async_mode = getattr(triton, "AsyncCompileMode", None)
+    if async_mode is None:
+        yield
+        return
+    deferred: list = []
+    token = _DEFERRED_LOADS.set(deferred)
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="vlora-compile") as pool, async_mode(pool):
+            yield
+    finally:
+        _DEFERRED_LOADS.reset(token)
+    for load in deferred:
+        load()
+
+
 def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: dict[str, Any], num_warps: int,
                      num_stages: int, **options: Any) -> None:
     """Compile the Triton kernel ``fn``'s variant for these arguments and load it, launching
@@ -80,8 +120,18 @@ def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: di
     machine or container), building it runs the C compiler for 200-400 ms (H200 machine,
     Triton 3.6), in the scheduler's thread: the first request whose batch launched the variant
     waited that long, and every request queued behind it (docs/perf.md, "The one-token
-    stall"). Here both happen at start-up, with the compile."""
+    stall"). Here both happen at start-up, with the compile; inside :func:`compiles_in_parallel`
+    the load waits for the end of the block."""
     kernel = fn.warmup(*args, **constexprs, num_warps=num_warps, num_stages=num_stages, grid=grid, **options)
+    deferred = _DEFERRED_LOADS.get()
+    if deferred is not None:
+        deferred.append(lambda: _load(fn, kernel, constexprs, num_warps, num_stages))
+        return
+    _load(fn, kernel, constexprs, num_warps, num_stages)
+
+
+def _load(fn: Any, kernel: Any, constexprs: dict[str, Any], num_warps: int, num_stages: int) -> None:
+    """Load a compiled variant onto the GPU and build its launcher (Triton's ``_init_handles``)."""
     load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x); None under the interpreter
     if not callable(load):
         return

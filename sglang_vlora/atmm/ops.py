@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, small_gemm, static_items
+from sglang_vlora.atmm import cublas_ops, gemm_lora, in_gemm, launch_compiles, small_gemm, static_items
 from sglang_vlora.atmm.static_items import StaticWorkItems
 from sglang_vlora.atmm.work_items import WorkItems
 
@@ -709,8 +709,10 @@ def _compile_table_configs(op: str, key: dict[str, int], t: torch.Tensor, compil
     if seen in _COMPILED or not _compiles_ahead_for(t):
         return
     _COMPILED.add(seen)
-    for cfg in tiling.triton_configs(dev, op, key):
-        compile_one(cfg)
+    configs = tiling.triton_configs(dev, op, key)
+    with launch_compiles.compiles_in_parallel():
+        for cfg in configs:
+            compile_one(cfg)
 
 
 def _compiles_ahead_for(t: torch.Tensor) -> bool:
