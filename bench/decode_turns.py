@@ -233,28 +233,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--output-tokens must be >= 2 and --prompt-tokens >= 1")
     if args.cpus_per_server < 0:
         ap.error("--cpus-per-server must be >= 0")
-    if len(set(args.systems)) != len(args.systems):
-        ap.error("--systems names a system twice")
-    gpu = provenance.gpu_info()
-    no_cuda = [n for n in args.systems if plan.SYSTEMS[n].needs_cuda and gpu is None]
-    if no_cuda:
-        ap.error(f"{', '.join(no_cuda)}: {plan.NO_CUDA_REASON}")
+    gpu = servers.refuse_systems(ap, args.systems)
     pinning = None
     if args.cpus_per_server:
         try:
             pinning = cpu_pinning.assign(cpu_pinning.ordered_cpus(), args.systems, args.cpus_per_server)
         except ValueError as e:
             ap.error(str(e))
-    args.out.mkdir(parents=True, exist_ok=True)
-    setup = plan.setup_of(args.scale)
-    model, adapters, info = servers.prepare_assets(setup, REPO / ".cache" / "bench")
+    setup, model, adapters, info, log_dir = servers.prepare_run(args.out, args.scale, REPO / ".cache" / "bench")
     if len(adapters) < 2:
         raise RuntimeError("the mix scenario needs two adapters")
     top, other = list(adapters)[:2]
     systems = [plan.SYSTEMS[n] for n in args.systems]
     extra = [METRICS_FLAG]
-    log_dir = args.out / "logs"
-    log_dir.mkdir(exist_ok=True)
     live = servers.start_all(systems, setup, model, adapters, log_dir, extra,
                              cpus=pinning["servers"] if pinning else None)
     results: dict[str, Any] = {
@@ -264,9 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     for n in args.systems}}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in args.systems} for s in SCENARIOS}
     try:
-        failed = servers.wait_all(live, setup.start_timeout_s)
-        if failed:
-            raise RuntimeError(f"servers failed to start: {failed}")
+        servers.require_all_up(live, setup.start_timeout_s)
         urls = {s.name: live[s.name].url for s in systems}
         with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:
             # warm-up: every server answers each scenario twice (first-use costs, the top adapter

@@ -269,25 +269,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--profile-requests must be >= 1")
     if args.beside_decode < 0 or args.beside_output_tokens < 1:
         ap.error("--beside-decode must be >= 0 and --beside-output-tokens >= 1")
-    if len(set(args.systems)) != len(args.systems):
-        ap.error("--systems names a system twice")
     for name in args.mixture_systems:
         if name not in args.systems or not plan.SYSTEMS[name].plugin:
             ap.error(f"--mixture-systems: {name} must be a plugin system among --systems")
-    gpu = provenance.gpu_info()
-    no_cuda = [n for n in args.systems if plan.SYSTEMS[n].needs_cuda and gpu is None]
-    if no_cuda:
-        ap.error(f"{', '.join(no_cuda)}: {plan.NO_CUDA_REASON}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    setup = plan.setup_of(args.scale)
-    model, adapters, info = servers.prepare_assets(setup, REPO / ".cache" / "bench")
+    gpu = servers.refuse_systems(ap, args.systems)
+    setup, model, adapters, info, log_dir = servers.prepare_run(args.out, args.scale, REPO / ".cache" / "bench")
     if args.mixture_systems and len(adapters) < 2:
         raise RuntimeError("--mixture-systems needs two adapters")
     adapter, other = list(adapters)[:2]
     systems = [plan.SYSTEMS[n] for n in args.systems]
     extra = [METRICS_FLAG, *(plan.VISION_FLAGS if args.scale == "gpu" else ())]
-    log_dir = args.out / "logs"
-    log_dir.mkdir(exist_ok=True)
     live = servers.start_all(systems, setup, model, adapters, log_dir, extra)
     results: dict[str, Any] = {"assets": info, "rounds": args.rounds, "adapter": adapter,
                                "beside_decode": {"requests": args.beside_decode, "output_tokens": args.beside_output_tokens,
@@ -299,9 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                            for n in args.systems}}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in args.systems} for s in SCENARIOS}
     try:
-        failed = servers.wait_all(live, setup.start_timeout_s)
-        if failed:
-            raise RuntimeError(f"servers failed to start: {failed}")
+        servers.require_all_up(live, setup.start_timeout_s)
         asked = {s.name: Measured(s, live[s.name].url, adapter, other, s.name in args.mixture_systems,
                                   args.beside_decode, args.beside_output_tokens) for s in systems}
         with httpx.Client(timeout=httpx.Timeout(300.0), trust_env=False) as client:

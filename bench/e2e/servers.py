@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
+from bench.e2e import plan
 from bench.e2e.plan import Setup, System, flag_value
 from sglang_vlora import server_process
 from sglang_vlora.server_process import ServerProcess
@@ -160,6 +162,13 @@ def wait_all(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, s
     return failed
 
 
+def require_all_up(servers: dict[str, ServerProcess], timeout_s: float) -> None:
+    """:func:`wait_all`, raising ``RuntimeError`` with each reason where a server did not start."""
+    failed = wait_all(servers, timeout_s)
+    if failed:
+        raise RuntimeError(f"servers failed to start: {failed}")
+
+
 def stop_all(servers: dict[str, ServerProcess], grace_s: float = 20.0) -> None:
     """SIGTERM to every server first, then wait (so stopping N servers takes one grace period)."""
     for srv in servers.values():
@@ -264,3 +273,28 @@ def _slow_iterations(status: dict[str, Any]) -> dict[str, Any]:
     orch = status.get("orchestrator") if isinstance(status.get("orchestrator"), dict) else status
     slow = (orch.get("cost_model") or {}).get("slow_iterations") if isinstance(orch.get("cost_model"), dict) else None
     return slow if isinstance(slow, dict) else {}
+
+
+def refuse_systems(ap: Any, names: Sequence[str]) -> dict[str, Any] | None:
+    """For a script that starts ``names``' servers itself: refuse, through the argument parser
+    ``ap``, a system named twice or one that needs a CUDA GPU where there is none, before any
+    server starts. Returns the GPU's description (None without one)."""
+    if len(set(names)) != len(names):
+        ap.error("--systems names a system twice")
+    gpu = provenance.gpu_info()
+    no_cuda = [n for n in names if plan.SYSTEMS[n].needs_cuda and gpu is None]
+    if no_cuda:
+        ap.error(f"{', '.join(no_cuda)}: {plan.NO_CUDA_REASON}")
+    return gpu
+
+
+def prepare_run(out: Path, scale: str, cache: Path) -> tuple[Setup, Path, dict[str, Path], dict[str, Any], Path]:
+    """For a script that starts servers itself: ``out`` and its ``logs`` folder made, and the
+    setup of ``scale`` with its model and adapters built (or found) under ``cache``:
+    ``(setup, model, adapters, their description, log folder)``."""
+    out.mkdir(parents=True, exist_ok=True)
+    setup = plan.setup_of(scale)
+    model, adapters, info = prepare_assets(setup, cache)
+    log_dir = out / "logs"
+    log_dir.mkdir(exist_ok=True)
+    return setup, model, adapters, info, log_dir
