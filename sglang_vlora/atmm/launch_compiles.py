@@ -125,9 +125,18 @@ def compile_and_load(fn: Any, grid: tuple[int, ...], args: tuple, constexprs: di
     kernel = fn.warmup(*args, **constexprs, num_warps=num_warps, num_stages=num_stages, grid=grid, **options)
     deferred = _DEFERRED_LOADS.get()
     if deferred is not None:
-        deferred.append(lambda: _load(fn, kernel, constexprs, num_warps, num_stages))
+        deferred.append(lambda: _load(fn, _compiled_kernel(kernel), constexprs, num_warps, num_stages))
         return
     _load(fn, kernel, constexprs, num_warps, num_stages)
+
+
+def _compiled_kernel(kernel: Any) -> Any:
+    """The compiled variant behind what ``warmup`` returned inside an ``AsyncCompileMode``: a
+    ``FutureKernel``, which the mode has resolved when it ended. Triton 3.6's ``FutureKernel``
+    does not pass attribute look-ups on to its kernel (3.8's does), so a load through the future
+    would find no ``_init_handles`` and load nothing."""
+    result = getattr(type(kernel), "result", None)
+    return kernel.result() if callable(result) else kernel
 
 
 def _load(fn: Any, kernel: Any, constexprs: dict[str, Any], num_warps: int, num_stages: int) -> None:
