@@ -141,8 +141,15 @@ def _compiled_kernel(kernel: Any) -> Any:
 
 def _load(fn: Any, kernel: Any, constexprs: dict[str, Any], num_warps: int, num_stages: int) -> None:
     """Load a compiled variant onto the GPU and build its launcher (Triton's ``_init_handles``)."""
-    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x); None under the interpreter
+    if kernel is None:  # Triton's interpreter compiles nothing
+        return
+    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.x)
     if not callable(load):
+        # A Triton whose warmup hands back something else: the variant is compiled but loads at
+        # its first launch, in a request's time, so say so rather than carry on as if loaded.
+        logger.warning("%s: Triton's warmup returned a %s with no _init_handles, so the variant %s compiled ahead "
+                       "loads at its first launch", getattr(fn, "__name__", fn), type(kernel).__name__,
+                       describe_variant(constexprs, num_warps, num_stages))
         return
     try:
         load()

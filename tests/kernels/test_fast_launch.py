@@ -176,6 +176,18 @@ def test_compile_and_load_under_the_interpreter_loads_nothing() -> None:
     assert len(kernel.calls) == 1
 
 
+def test_a_warmup_result_that_cannot_load_is_logged(caplog) -> None:
+    # Triton 3.6's FutureKernel had no _init_handles of its own: a load that finds none says so
+    # (the variant then loads at its first launch, in a request's time).
+    from sglang_vlora.atmm.launch_compiles import compile_and_load
+
+    kernel = _Kernel(object())
+    kernel.__name__ = "_shrink_kernel"
+    with caplog.at_level("WARNING", logger="sglang_vlora.atmm.launch_compiles"):
+        compile_and_load(kernel, (1,), (), {"BLOCK_M": 64}, 4, 3)
+    assert "_shrink_kernel" in caplog.text and "no _init_handles" in caplog.text and "BLOCK_M=64 w4 s3" in caplog.text
+
+
 def test_a_variant_that_cannot_load_is_logged_not_raised_at_start_up(caplog) -> None:
     # The table's configs are compiled ahead for every token count; one this GPU cannot load
     # (Triton raises again at its first launch) must not stop the server from starting.
