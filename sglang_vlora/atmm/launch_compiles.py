@@ -135,8 +135,10 @@ def _compiled_kernel(kernel: Any) -> Any:
     ``FutureKernel``, which the mode has resolved when it ended. Triton 3.6's ``FutureKernel``
     does not pass attribute look-ups on to its kernel (3.8's does), so a load through the future
     would find no ``_init_handles`` and load nothing."""
-    result = getattr(type(kernel), "result", None)
-    return kernel.result() if callable(result) else kernel
+    import triton
+
+    future = getattr(triton, "FutureKernel", None)
+    return kernel.result() if future is not None and isinstance(kernel, future) else kernel
 
 
 def _load(fn: Any, kernel: Any, constexprs: dict[str, Any], num_warps: int, num_stages: int) -> None:
